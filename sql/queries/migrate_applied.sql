@@ -1,0 +1,1 @@
+SELECT version FROM outbox_schema_migrations ORDER BY version

@@ -1,0 +1,83 @@
+//! Periodic side tasks of the relay: gauges from a cheap status query, and `--retention` cleanup.
+
+use std::sync::atomic::Ordering as AtomicOrdering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::RelayConfig;
+use crate::listener::Signals;
+use crate::metrics::Metrics;
+
+/// Refreshes the pending / oldest-age / dead-letter gauges every `stats_interval` (not per batch:
+/// the count is a scan of the pending index) and records whether the database answers.
+pub(crate) async fn stats(
+    config: RelayConfig,
+    metrics: Arc<Metrics>,
+    signals: Arc<Signals>,
+    shutdown: CancellationToken,
+) {
+    let mut client = None;
+    let mut tick = tokio::time::interval(config.stats_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if client
+            .as_ref()
+            .is_none_or(|c: &tokio_postgres::Client| c.is_closed())
+        {
+            client = crate::db::connect(&config.database_url, "outbox-relay-stats")
+                .await
+                .ok();
+        }
+        let Some(c) = client.as_ref() else {
+            signals.database_ok.store(false, AtomicOrdering::Release);
+            continue;
+        };
+        match tokio::time::timeout(Duration::from_secs(5), crate::ops::status(c)).await {
+            Ok(Ok(s)) => {
+                signals.database_ok.store(true, AtomicOrdering::Release);
+                metrics.pending.set(s.pending);
+                metrics
+                    .oldest_pending_age_seconds
+                    .set(s.oldest_pending_age_seconds);
+                metrics.dead_letters.set(s.dead_letters);
+            }
+            Ok(Err(e)) => {
+                signals.database_ok.store(false, AtomicOrdering::Release);
+                tracing::warn!(error = %e, "status query failed");
+                client = None;
+            }
+            Err(_) => {
+                signals.database_ok.store(false, AtomicOrdering::Release);
+                client = None;
+            }
+        }
+    }
+}
+
+/// Deletes processed rows older than `retention`, in small batches, about once a minute.
+pub(crate) async fn retention(url: String, retention: Duration, shutdown: CancellationToken) {
+    let period = (retention / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let result = async {
+            let client = crate::db::connect(&url, "outbox-relay-cleanup").await?;
+            crate::ops::cleanup(&client, retention, 1000).await
+        };
+        match result.await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(deleted = n, "retention cleanup"),
+            Err(e) => tracing::warn!(error = %e, "retention cleanup failed"),
+        }
+    }
+}

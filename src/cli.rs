@@ -1,0 +1,179 @@
+//! Command-line interface (clap derive). Every flag also reads an environment variable.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use uuid::Uuid;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "outbox-relay",
+    version,
+    about = "Transactional outbox relay: PostgreSQL -> NATS JetStream"
+)]
+pub struct Cli {
+    /// PostgreSQL URL of the database holding outbox_events.
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Log format.
+    #[arg(
+        long,
+        env = "OUTBOX_LOG_FORMAT",
+        value_enum,
+        default_value = "text",
+        global = true
+    )]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create or upgrade the outbox schema (idempotent; safe to run concurrently).
+    Migrate {
+        /// Print the SQL instead of applying it (for your own migration tool).
+        #[arg(long)]
+        print: bool,
+    },
+    /// Run the relay until SIGTERM/SIGINT.
+    Run(Box<RunArgs>),
+    /// Pending events, retries, dead letters and blocked aggregates.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Inspect, retry or discard dead letters.
+    #[command(subcommand)]
+    DeadLetters(DeadLettersCommand),
+    /// Delete processed (and discarded) rows older than a cutoff, in small batches.
+    Cleanup {
+        /// For example `7d` or `12h`.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        older_than: Duration,
+        /// Rows deleted per statement.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..=100_000))]
+        batch_size: i64,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DeadLettersCommand {
+    /// List dead letters, oldest first.
+    List {
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..))]
+        limit: i64,
+        #[arg(long)]
+        event_type: Option<String>,
+    },
+    /// Give dead letters a fresh set of attempts.
+    Retry {
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        ids: Vec<Uuid>,
+        /// Retry every dead letter.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Give up on dead letters (kept and marked discarded; releases their aggregates).
+    Discard {
+        #[arg(required = true)]
+        ids: Vec<Uuid>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum OrderingArg {
+    Aggregate,
+    None,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum NotifyModeArg {
+    Gated,
+    Always,
+    Poll,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Separate URL for the LISTEN connection (direct to PostgreSQL when --database-url goes
+    /// through PgBouncer in transaction mode).
+    #[arg(long, env = "OUTBOX_LISTEN_DATABASE_URL", hide_env_values = true)]
+    pub listen_database_url: Option<String>,
+    #[arg(
+        long,
+        env = "NATS_URL",
+        default_value = "nats://127.0.0.1:4222",
+        hide_env_values = true
+    )]
+    pub nats_url: String,
+    /// JWT + NKey credentials file.
+    #[arg(long, env = "NATS_CREDS")]
+    pub nats_creds: Option<PathBuf>,
+    /// NKey seed file.
+    #[arg(long, env = "NATS_NKEY")]
+    pub nats_nkey: Option<PathBuf>,
+    #[arg(long, env = "NATS_TLS_CA")]
+    pub nats_tls_ca: Option<PathBuf>,
+    #[arg(long, env = "NATS_TLS_CERT")]
+    pub nats_tls_cert: Option<PathBuf>,
+    #[arg(long, env = "NATS_TLS_KEY")]
+    pub nats_tls_key: Option<PathBuf>,
+    /// JetStream stream (checked at start).
+    #[arg(long, env = "OUTBOX_STREAM", default_value = "OUTBOX")]
+    pub stream: String,
+    /// Create the stream when it is missing (file storage, subjects <prefix>.>, 2m+ dedup window).
+    #[arg(long, env = "OUTBOX_CREATE_STREAM")]
+    pub create_stream: bool,
+    /// Events go to <prefix>.<event_type>.
+    #[arg(long, env = "OUTBOX_SUBJECT_PREFIX", default_value = "outbox")]
+    pub subject_prefix: String,
+    /// Poll this often even without notifications.
+    #[arg(long, env = "OUTBOX_FALLBACK_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub fallback_interval: Duration,
+    #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 200)]
+    pub batch_size: usize,
+    #[arg(long, env = "OUTBOX_MAX_ATTEMPTS", default_value_t = 10)]
+    pub max_attempts: u32,
+    #[arg(long, env = "OUTBOX_PUBLISH_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub publish_timeout: Duration,
+    #[arg(long, env = "OUTBOX_RETRY_INITIAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub retry_initial: Duration,
+    #[arg(long, env = "OUTBOX_RETRY_MAX", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub retry_max: Duration,
+    /// `aggregate`: per-aggregate seq order; `none`: raw throughput.
+    #[arg(long, env = "OUTBOX_ORDERING", value_enum, default_value = "aggregate")]
+    pub ordering: OrderingArg,
+    /// `gated`: writers notify only while a relay waits; `always`: every writer notifies;
+    /// `poll`: no LISTEN, poll every --fallback-interval.
+    #[arg(long, env = "OUTBOX_NOTIFY_MODE", value_enum, default_value = "gated")]
+    pub notify_mode: NotifyModeArg,
+    /// Delete processed rows older than this, periodically (off by default).
+    #[arg(long, env = "OUTBOX_RETENTION", value_parser = humantime::parse_duration)]
+    pub retention: Option<Duration>,
+    /// Address for /metrics, /healthz, /readyz; `off` disables.
+    #[arg(long, env = "OUTBOX_METRICS_ADDR", default_value = "127.0.0.1:9464", value_parser = parse_metrics_addr)]
+    pub metrics_addr: MetricsAddr,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct MetricsAddr(pub Option<SocketAddr>);
+
+fn parse_metrics_addr(s: &str) -> Result<MetricsAddr, String> {
+    if s.eq_ignore_ascii_case("off") {
+        return Ok(MetricsAddr(None));
+    }
+    s.parse::<SocketAddr>()
+        .map(|a| MetricsAddr(Some(a)))
+        .map_err(|e| format!("{e} (expected HOST:PORT or `off`)"))
+}

@@ -1,0 +1,119 @@
+//! PostgreSQL connections: URL parsing, keepalives, redaction. Queries live in [`crate::store`],
+//! [`crate::migrate`] and [`crate::ops`]; their SQL in `sql/`.
+
+use std::time::Duration;
+
+use tokio_postgres::{Client, Config, NoTls};
+
+use crate::error::{Error, Result};
+
+/// Parses a libpq URL or key=value string; the error names `field`, never the password.
+pub fn parse_config(url: &str, field: &'static str) -> Result<Config> {
+    url.parse::<Config>().map_err(|e| {
+        let msg = redact(&e.to_string());
+        Error::config(field, format!("cannot parse database URL: {msg}"))
+    })
+}
+
+/// Connects with keepalives (a half-open connection is noticed) and a connect timeout, and drives
+/// the connection on a task of its own.
+pub async fn connect(url: &str, application_name: &str) -> Result<Client> {
+    let mut config = parse_config(url, "database_url")?;
+    prepare(&mut config, application_name);
+    let (client, connection) = config.connect(NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "database connection closed");
+        }
+    });
+    Ok(client)
+}
+
+/// Settings every connection of the relay gets.
+pub(crate) fn prepare(config: &mut Config, application_name: &str) {
+    if config.get_application_name().is_none() {
+        config.application_name(application_name);
+    }
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_secs(10));
+    }
+    config.keepalives(true);
+    config.keepalives_idle(Duration::from_secs(10));
+    config.keepalives_interval(Duration::from_secs(5));
+    config.keepalives_retries(3);
+}
+
+/// A URL or message with any password replaced by `***`, for logs and errors.
+pub fn redact(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    // scheme://user:password@host
+    while let Some(pos) = rest.find("://") {
+        let (head, tail) = rest.split_at(pos + 3);
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| c == '/' || c == '?' || c.is_whitespace())
+            .unwrap_or(tail.len());
+        let authority = &tail[..end];
+        // A NATS URL's lone user part is a token: hide it too.
+        let token_scheme = ["nats", "tls", "ws", "wss"]
+            .iter()
+            .any(|s| head.ends_with(&format!("{s}://")));
+        match (authority.rfind('@'), authority.find(':')) {
+            (Some(at), _) if token_scheme && !authority[..at].contains(':') => {
+                out.push_str("***");
+                out.push_str(&authority[at..]);
+            }
+            (Some(at), Some(colon)) if colon < at => {
+                out.push_str(&authority[..colon]);
+                out.push_str(":***");
+                out.push_str(&authority[at..]);
+            }
+            _ => out.push_str(authority),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    redact_key_values(&out)
+}
+
+/// `password=...` in key=value strings and query parameters.
+fn redact_key_values(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(pos) = rest.find("password=") {
+        let (head, tail) = rest.split_at(pos + "password=".len());
+        out.push_str(head);
+        out.push_str("***");
+        let end = tail
+            .find(|c: char| c == '&' || c.is_whitespace())
+            .unwrap_or(tail.len());
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact("postgres://app:s3cret@db:5432/x?sslmode=require"),
+            "postgres://app:***@db:5432/x?sslmode=require"
+        );
+        assert_eq!(redact("nats://tok@host:4222"), "nats://***@host:4222");
+        assert_eq!(redact("nats://u:p@host:4222"), "nats://u:***@host:4222");
+        assert_eq!(redact("postgres://app@db/x"), "postgres://app@db/x");
+        assert_eq!(
+            redact("host=db user=app password=s3cret dbname=x"),
+            "host=db user=app password=*** dbname=x"
+        );
+        assert_eq!(
+            redact("postgres://a:b@h/x?password=c&x=1"),
+            "postgres://a:***@h/x?password=***&x=1"
+        );
+    }
+}

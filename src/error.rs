@@ -1,0 +1,91 @@
+//! The one error type of the library.
+
+use std::time::Duration;
+
+/// Everything that can go wrong in the library, with predicates that drive retry decisions.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A configuration value is unusable; `field` names the setting (the CLI maps it to its flag).
+    #[error("invalid configuration: {field}: {message}")]
+    Config {
+        field: &'static str,
+        message: String,
+    },
+    /// An event was refused before it reached the database.
+    #[error("invalid event: {0}")]
+    InvalidEvent(String),
+    /// The database has no outbox schema, or an older one.
+    #[error("the outbox schema is missing or out of date (found version {found:?}, need {need}): run `outbox-relay migrate`")]
+    SchemaMissing { found: Option<i32>, need: i32 },
+    /// PostgreSQL failed or could not be reached.
+    #[error("database error: {0}")]
+    Database(#[from] tokio_postgres::Error),
+    /// NATS could not be reached or refused the connection.
+    #[error("NATS connection failed: {0}")]
+    NatsConnect(String),
+    /// The JetStream stream is missing, or a JetStream API call failed.
+    #[error("JetStream: {0}")]
+    Stream(String),
+    /// The broker as a whole is unavailable: nothing was published and no attempt was spent.
+    #[error("broker unavailable: {0}")]
+    BrokerUnavailable(String),
+    /// A bounded wait ran out.
+    #[error("timed out after {0:?}: {1}")]
+    Timeout(Duration, String),
+    /// An operator command named ids that do not exist or are not in the expected state.
+    #[error("{0}")]
+    NotFound(String),
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl Error {
+    pub(crate) fn config(field: &'static str, message: impl Into<String>) -> Self {
+        Error::Config {
+            field,
+            message: message.into(),
+        }
+    }
+
+    /// Worth trying again later without changing anything (connections, broker outages, timeouts).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Database(e) => is_transient_db_error(e),
+            Error::NatsConnect(_) | Error::BrokerUnavailable(_) | Error::Timeout(..) => true,
+            Error::Io(_) => true,
+            Error::Config { .. }
+            | Error::InvalidEvent(_)
+            | Error::SchemaMissing { .. }
+            | Error::Stream(_)
+            | Error::NotFound(_) => false,
+        }
+    }
+
+    /// The error is the caller's fault (bad input); a CLI reports it as a usage error.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Error::Config { .. } | Error::InvalidEvent(_))
+    }
+}
+
+/// Connection loss, shutdown, serialization failures: the statement may succeed on a new try.
+fn is_transient_db_error(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    if e.is_closed() {
+        return true;
+    }
+    match e.code() {
+        None => true, // I/O or protocol level: the connection is gone
+        Some(code) => {
+            *code == SqlState::T_R_SERIALIZATION_FAILURE
+                || *code == SqlState::T_R_DEADLOCK_DETECTED
+                || *code == SqlState::ADMIN_SHUTDOWN
+                || *code == SqlState::CRASH_SHUTDOWN
+                || *code == SqlState::CANNOT_CONNECT_NOW
+                || *code == SqlState::LOCK_NOT_AVAILABLE
+                || *code == SqlState::QUERY_CANCELED
+                || code.code().starts_with("08")
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

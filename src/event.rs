@@ -1,0 +1,214 @@
+//! Domain types: the event a writer enqueues and the event the relay publishes, plus the rules that
+//! keep both valid as NATS subjects and headers.
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use uuid::Uuid;
+
+use crate::error::{Error, Result};
+
+/// Column limits of `outbox_events` (see sql/migrations).
+pub const MAX_EVENT_TYPE_LEN: usize = 100;
+pub const MAX_AGGREGATE_LEN: usize = 255;
+
+/// An event to write into the outbox inside the application's transaction.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEvent {
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    pub payload: serde_json::Value,
+    /// Extra NATS headers published with the event (for example a W3C `traceparent`).
+    pub headers: BTreeMap<String, String>,
+}
+
+impl NewEvent {
+    /// Builds an event from any serializable payload. The payload is converted to JSON now, so a
+    /// payload that cannot be serialized is an error here rather than in the transaction.
+    pub fn new(
+        aggregate_type: impl Into<String>,
+        aggregate_id: impl Into<String>,
+        event_type: impl Into<String>,
+        payload: &impl serde::Serialize,
+    ) -> Result<Self> {
+        let payload = serde_json::to_value(payload)
+            .map_err(|e| Error::InvalidEvent(format!("payload is not serializable: {e}")))?;
+        Ok(NewEvent {
+            aggregate_type: aggregate_type.into(),
+            aggregate_id: aggregate_id.into(),
+            event_type: event_type.into(),
+            payload,
+            headers: BTreeMap::new(),
+        })
+    }
+
+    /// Adds a header forwarded on the NATS message.
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(name.into(), value.into());
+        self
+    }
+
+    /// Carries a W3C trace context so a consumer can continue the trace of the writer's request.
+    pub fn with_traceparent(self, traceparent: impl Into<String>) -> Self {
+        self.with_header("traceparent", traceparent)
+    }
+
+    /// Checks everything the database and NATS would otherwise reject later, when it is too late to
+    /// tell the writer.
+    pub fn validate(&self) -> Result<()> {
+        validate_name("aggregate_type", &self.aggregate_type, MAX_AGGREGATE_LEN)?;
+        validate_name("aggregate_id", &self.aggregate_id, MAX_AGGREGATE_LEN)?;
+        validate_event_type(&self.event_type)?;
+        validate_headers(&self.headers)
+    }
+}
+
+/// A claimed outbox row, as the relay publishes it.
+#[derive(Debug, Clone)]
+pub struct OutboxEvent {
+    pub id: Uuid,
+    pub seq: i64,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    /// The JSON payload as PostgreSQL renders it: published as is, never re-serialized.
+    pub payload: String,
+    pub headers: BTreeMap<String, String>,
+    /// Attempts spent before this one.
+    pub attempts: i32,
+    pub created_at: SystemTime,
+    /// False for a follower that is waiting for a retry or dead-lettered: its aggregate stops there.
+    pub eligible: bool,
+}
+
+impl OutboxEvent {
+    /// Rows written with plain SQL never went through [`NewEvent::validate`]; check them the same way.
+    pub fn validate(&self) -> Result<()> {
+        validate_name("aggregate_type", &self.aggregate_type, MAX_AGGREGATE_LEN)?;
+        validate_name("aggregate_id", &self.aggregate_id, MAX_AGGREGATE_LEN)?;
+        validate_event_type(&self.event_type)?;
+        validate_headers(&self.headers)
+    }
+}
+
+fn validate_name(field: &str, value: &str, max: usize) -> Result<()> {
+    if value.is_empty() {
+        return Err(Error::InvalidEvent(format!("{field} is empty")));
+    }
+    if value.chars().count() > max {
+        return Err(Error::InvalidEvent(format!(
+            "{field} is longer than {max} characters"
+        )));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(Error::InvalidEvent(format!(
+            "{field} contains a control character (it is sent as a NATS header)"
+        )));
+    }
+    Ok(())
+}
+
+/// `event_type` becomes the subject suffix, so each dot-separated token must be a literal NATS token:
+/// non-empty, printable ASCII, no wildcard (`*`, `>`).
+pub fn validate_event_type(event_type: &str) -> Result<()> {
+    validate_name("event_type", event_type, MAX_EVENT_TYPE_LEN)?;
+    for token in event_type.split('.') {
+        if token.is_empty() {
+            return Err(Error::InvalidEvent(format!(
+                "event_type {event_type:?} has an empty subject token"
+            )));
+        }
+        if let Some(c) = token
+            .chars()
+            .find(|c| !c.is_ascii_graphic() || *c == '*' || *c == '>')
+        {
+            return Err(Error::InvalidEvent(format!(
+                "event_type {event_type:?} contains {c:?}, which cannot appear in a NATS subject token"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The subject prefix follows the same token rules as an event type.
+pub fn validate_subject_prefix(prefix: &str) -> Result<()> {
+    validate_event_type(prefix).map_err(|e| match e {
+        Error::InvalidEvent(m) => {
+            Error::config("subject_prefix", m.replace("event_type", "prefix"))
+        }
+        other => other,
+    })
+}
+
+fn validate_headers(headers: &BTreeMap<String, String>) -> Result<()> {
+    for (name, value) in headers {
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_graphic() && c != ':') {
+            return Err(Error::InvalidEvent(format!(
+                "header name {name:?} is not a valid NATS header name"
+            )));
+        }
+        let lower = name.to_ascii_lowercase();
+        if lower == "nats-msg-id" || lower.starts_with("outbox-") {
+            return Err(Error::InvalidEvent(format!(
+                "header {name:?} is set by the relay and cannot be overridden"
+            )));
+        }
+        if value.contains(['\r', '\n']) {
+            return Err(Error::InvalidEvent(format!(
+                "header {name:?} has a line break in its value"
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(event_type: &str) -> NewEvent {
+        NewEvent::new("order", "42", event_type, &serde_json::json!({})).expect("payload")
+    }
+
+    #[test]
+    fn accepts_dotted_event_types() {
+        assert!(ev("order.created").validate().is_ok());
+        assert!(ev("OrderCreated_v2").validate().is_ok());
+    }
+
+    #[test]
+    fn refuses_what_cannot_be_a_subject() {
+        for bad in [
+            "",
+            "a..b",
+            ".a",
+            "a.",
+            "a b",
+            "a.*",
+            "a.>",
+            "ü",
+            &"x".repeat(101),
+        ] {
+            assert!(ev(bad).validate().is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn refuses_bad_names_and_headers() {
+        let mut e = ev("a");
+        e.aggregate_id = String::new();
+        assert!(e.validate().is_err());
+        assert!(ev("a").with_header("Nats-Msg-Id", "x").validate().is_err());
+        assert!(ev("a")
+            .with_header("Outbox-Event-Id", "x")
+            .validate()
+            .is_err());
+        assert!(ev("a").with_header("x", "a\r\nb").validate().is_err());
+        assert!(ev("a").with_header("bad name", "v").validate().is_err());
+        assert!(ev("a")
+            .with_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+            .validate()
+            .is_ok());
+    }
+}

@@ -1,0 +1,45 @@
+//! A transactional outbox for PostgreSQL that relays events to NATS JetStream.
+//!
+//! Writers put events into `outbox_events` inside their own transaction with [`enqueue`]; the
+//! [`Relay`] publishes every committed event to JetStream at least once (exactly once into the
+//! stream within its duplicate window, thanks to `Nats-Msg-Id`), in order per aggregate.
+//!
+//! Module map:
+//! - [`event`]: `NewEvent` (what writers enqueue), `OutboxEvent` (what the relay publishes), and the
+//!   subject/header rules both obey.
+//! - [`writer`]: `enqueue` / `enqueue_many`, for any tokio-postgres `GenericClient`.
+//! - [`consumer`]: `process_once` for idempotent consumers.
+//! - [`migrate`]: the versioned schema in `sql/migrations`.
+//! - [`config`]: `RelayConfig` with defaults and `validate()`.
+//! - [`relay`]: the batch loop (claim, publish, record, commit).
+//! - `store` (private): every relay query against PostgreSQL (`sql/queries`).
+//! - `publisher` (mostly private): everything NATS.
+//! - `listener` (private): LISTEN/NOTIFY, reconnects, arming of the notify trigger.
+//! - [`ops`]: status, dead letters, cleanup (the operator CLI and the relay's periodic tasks).
+//! - [`metrics`]: Prometheus metrics; `http` serves them with health endpoints.
+//! - [`db`]: connections and secret redaction.
+//!
+//! See docs/ARCHITECTURE.md for how the pieces fit.
+
+mod background;
+pub mod config;
+pub mod consumer;
+pub mod db;
+pub mod error;
+pub mod event;
+mod http;
+mod listener;
+pub mod metrics;
+pub mod migrate;
+pub mod ops;
+pub mod publisher;
+pub mod relay;
+mod store;
+pub mod writer;
+
+pub use config::{NotifyMode, Ordering, RelayConfig};
+pub use consumer::process_once;
+pub use error::{Error, Result};
+pub use event::{NewEvent, OutboxEvent};
+pub use relay::Relay;
+pub use writer::{enqueue, enqueue_many};

@@ -1,0 +1,247 @@
+//! The `outbox-relay` binary: a thin layer over the library. Exit codes: 0 success, 1 runtime
+//! failure, 2 usage error (the message names the flag).
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use outbox_relay::{db, migrate, ops, Error, NotifyMode, Ordering, Relay, RelayConfig};
+use tokio_util::sync::CancellationToken;
+
+use cli::{Cli, Command, DeadLettersCommand, LogFormat, NotifyModeArg, OrderingArg, RunArgs};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(execute(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is_usage() => {
+            eprintln!("error: {}", usage_message(&e));
+            ExitCode::from(2)
+        }
+        Err(e @ Error::NotFound(_)) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("error: {}", db::redact(&e.to_string()));
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Config errors name the library field; users know the flag.
+fn usage_message(e: &Error) -> String {
+    match e {
+        Error::Config { field, message } => {
+            let flag = field.replace('_', "-");
+            format!("--{flag}: {message}")
+        }
+        other => other.to_string(),
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tokio_postgres=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+fn database_url(cli: &Cli) -> Result<String, Error> {
+    match cli.database_url.as_deref().map(str::trim) {
+        Some(url) if !url.is_empty() => Ok(url.to_string()),
+        _ => Err(Error::Config {
+            field: "database_url",
+            message: "is required (or set DATABASE_URL)".into(),
+        }),
+    }
+}
+
+async fn execute(cli: Cli) -> Result<(), Error> {
+    match &cli.command {
+        Command::Migrate { print: true } => {
+            print!("{}", migrate::script());
+            Ok(())
+        }
+        Command::Migrate { print: false } => {
+            let url = database_url(&cli)?;
+            let mut client = db::connect(&url, "outbox-relay-migrate").await?;
+            let applied = migrate::migrate(&mut client).await?;
+            if applied.is_empty() {
+                println!(
+                    "schema is up to date (version {})",
+                    migrate::current_version()
+                );
+            } else {
+                println!(
+                    "applied migrations {applied:?}; schema version {}",
+                    migrate::current_version()
+                );
+            }
+            Ok(())
+        }
+        Command::Run(args) => run(database_url(&cli)?, args).await,
+        Command::Status { json } => {
+            let client = connect_checked(&database_url(&cli)?).await?;
+            let s = ops::status(&client).await?;
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
+            } else {
+                println!("pending:             {}", s.pending);
+                println!("oldest pending age:  {:.1}s", s.oldest_pending_age_seconds);
+                println!("waiting for retry:   {}", s.waiting_for_retry);
+                println!("due for retry:       {}", s.due_for_retry);
+                println!("dead letters:        {}", s.dead_letters);
+                println!("blocked aggregates:  {}", s.blocked_aggregates);
+            }
+            Ok(())
+        }
+        Command::DeadLetters(cmd) => {
+            let mut client = connect_checked(&database_url(&cli)?).await?;
+            dead_letters(&mut client, cmd).await
+        }
+        Command::Cleanup {
+            older_than,
+            batch_size,
+        } => {
+            let client = connect_checked(&database_url(&cli)?).await?;
+            let n = ops::cleanup(&client, *older_than, *batch_size).await?;
+            println!("deleted {n} rows");
+            Ok(())
+        }
+    }
+}
+
+async fn connect_checked(url: &str) -> Result<tokio_postgres::Client, Error> {
+    let client = db::connect(url, "outbox-relay-cli").await?;
+    migrate::check_schema(&client).await?;
+    Ok(client)
+}
+
+async fn dead_letters(
+    client: &mut tokio_postgres::Client,
+    cmd: &DeadLettersCommand,
+) -> Result<(), Error> {
+    match cmd {
+        DeadLettersCommand::List {
+            json,
+            limit,
+            event_type,
+        } => {
+            let rows = ops::dead_letters(&*client, *limit, event_type.as_deref()).await?;
+            if *json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&rows).unwrap_or_default()
+                );
+            } else if rows.is_empty() {
+                println!("no dead letters");
+            } else {
+                for r in rows {
+                    println!(
+                        "{}  {}/{}  {}  attempts={}  dead since {}  error: {}",
+                        r.id,
+                        r.aggregate_type,
+                        r.aggregate_id,
+                        r.event_type,
+                        r.attempts,
+                        humantime::format_rfc3339_seconds(r.dead_lettered_at),
+                        r.last_error.unwrap_or_default()
+                    );
+                }
+            }
+            Ok(())
+        }
+        DeadLettersCommand::Retry { ids, all } => {
+            let which = if *all { None } else { Some(ids.as_slice()) };
+            let done = ops::retry_dead_letters(client, which).await?;
+            println!("{} dead letters queued for retry", done.len());
+            Ok(())
+        }
+        DeadLettersCommand::Discard { ids } => {
+            let done = ops::discard_dead_letters(client, ids).await?;
+            println!("{} dead letters discarded", done.len());
+            Ok(())
+        }
+    }
+}
+
+async fn run(database_url: String, args: &RunArgs) -> Result<(), Error> {
+    let config = RelayConfig {
+        database_url,
+        listen_database_url: args.listen_database_url.clone(),
+        nats_url: args.nats_url.clone(),
+        nats_creds: args.nats_creds.clone(),
+        nats_nkey: args.nats_nkey.clone(),
+        nats_tls_ca: args.nats_tls_ca.clone(),
+        nats_tls_cert: args.nats_tls_cert.clone(),
+        nats_tls_key: args.nats_tls_key.clone(),
+        stream: args.stream.clone(),
+        create_stream: args.create_stream,
+        subject_prefix: args.subject_prefix.clone(),
+        fallback_interval: args.fallback_interval,
+        batch_size: args.batch_size,
+        max_attempts: args.max_attempts,
+        publish_timeout: args.publish_timeout,
+        retry_initial: args.retry_initial,
+        retry_max: args.retry_max,
+        ordering: match args.ordering {
+            OrderingArg::Aggregate => Ordering::Aggregate,
+            OrderingArg::None => Ordering::None,
+        },
+        notify_mode: match args.notify_mode {
+            NotifyModeArg::Gated => NotifyMode::Gated,
+            NotifyModeArg::Always => NotifyMode::Always,
+            NotifyModeArg::Poll => NotifyMode::Poll,
+        },
+        retention: args.retention,
+        metrics_addr: args.metrics_addr.0,
+        ..RelayConfig::default()
+    };
+    config.validate()?;
+    tracing::info!(config = %config.redacted(), "starting relay");
+    let relay = Relay::new(config).await?;
+    let shutdown = CancellationToken::new();
+    let on_signal = shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutdown requested");
+        on_signal.cancel();
+    });
+    relay.run(shutdown).await
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

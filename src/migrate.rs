@@ -1,0 +1,77 @@
+//! Versioned, idempotent schema migrations (`sql/migrations`), safe to run concurrently.
+
+use tokio_postgres::Client;
+
+use crate::error::{Error, Result};
+
+/// One schema version.
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    pub version: i32,
+    pub name: &'static str,
+    pub sql: &'static str,
+}
+
+/// Every migration, oldest first. Never edit a released one: add a new version.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "outbox",
+    sql: include_str!("../sql/migrations/0001_outbox.sql"),
+}];
+
+/// The schema version this build of the relay needs.
+pub fn current_version() -> i32 {
+    MIGRATIONS.last().map_or(0, |m| m.version)
+}
+
+const PREPARE: &str = include_str!("../sql/queries/migrate_prepare.sql");
+const APPLIED: &str = include_str!("../sql/queries/migrate_applied.sql");
+const RECORD: &str = include_str!("../sql/queries/migrate_record.sql");
+const SCHEMA_VERSION: &str = include_str!("../sql/queries/schema_version.sql");
+
+/// Applies the missing migrations in one transaction, under an advisory lock so that two `migrate`
+/// runs at once apply each version once. Returns the versions applied now (empty: up to date).
+pub async fn migrate(client: &mut Client) -> Result<Vec<i32>> {
+    let tx = client.transaction().await?;
+    tx.batch_execute(PREPARE).await?;
+    let applied: Vec<i32> = tx
+        .query(APPLIED, &[])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut now = Vec::new();
+    for m in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
+        tracing::info!(version = m.version, name = m.name, "applying migration");
+        tx.batch_execute(m.sql).await?;
+        tx.execute(RECORD, &[&m.version, &m.name]).await?;
+        now.push(m.version);
+    }
+    tx.commit().await?;
+    Ok(now)
+}
+
+/// The whole migration as one script, for users who apply migrations with their own tool.
+pub fn script() -> String {
+    let mut out = String::from("-- outbox-relay schema; apply in one transaction.\nBEGIN;\n");
+    out.push_str(PREPARE);
+    for m in MIGRATIONS {
+        out.push_str(&format!(
+            "\n-- migration {:04}_{}\n{}\nINSERT INTO outbox_schema_migrations (version, name) VALUES ({}, '{}') ON CONFLICT DO NOTHING;\n",
+            m.version, m.name, m.sql, m.version, m.name
+        ));
+    }
+    out.push_str("COMMIT;\n");
+    out
+}
+
+/// Fails with a message telling the user to run `outbox-relay migrate` when the schema is missing
+/// or older than this build needs.
+pub async fn check_schema(client: &Client) -> Result<()> {
+    let found: Option<i32> = client.query_one(SCHEMA_VERSION, &[]).await?.get(0);
+    let need = current_version();
+    match found {
+        Some(v) if v >= need => Ok(()),
+        found => Err(Error::SchemaMissing { found, need }),
+    }
+}

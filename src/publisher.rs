@@ -1,0 +1,298 @@
+//! The NATS side: connecting, checking the stream, and publishing claimed events to JetStream.
+//! The relay loop sees [`Outcome`]s, never async-nats types.
+
+use std::time::{Duration, SystemTime};
+
+use async_nats::jetstream::{self, context::PublishErrorKind, stream};
+use bytes::Bytes;
+use futures::future::join_all;
+
+use crate::config::RelayConfig;
+use crate::error::{Error, Result};
+use crate::event::OutboxEvent;
+
+pub const HEADER_EVENT_ID: &str = "Outbox-Event-Id";
+pub const HEADER_AGGREGATE_TYPE: &str = "Outbox-Aggregate-Type";
+pub const HEADER_AGGREGATE_ID: &str = "Outbox-Aggregate-Id";
+pub const HEADER_EVENT_TYPE: &str = "Outbox-Event-Type";
+pub const HEADER_CREATED_AT: &str = "Outbox-Created-At";
+
+/// Duplicate window of streams created by `--create-stream`.
+pub const MIN_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+
+/// What happened to one event of a batch.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    /// Stored by JetStream (`duplicate`: it was already there, dropped by the Msg-Id dedup).
+    Published {
+        duplicate: bool,
+        acked_at: SystemTime,
+    },
+    Failed(Failure),
+    /// An earlier event of the same aggregate failed, so this one was held back.
+    NotAttempted,
+}
+
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub kind: FailureKind,
+    pub message: String,
+}
+
+/// Who is to blame for a failed publish: it decides whether an attempt is spent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The event can never be published as it is (invalid subject or header): dead-letter it.
+    Invalid,
+    /// The broker refused this event (no stream on its subject, payload too large, stream limits).
+    Rejected,
+    /// No ack in time: the broker may be slow or gone.
+    Timeout,
+    /// The connection to the broker failed: not the event's fault.
+    Broker,
+}
+
+impl FailureKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            FailureKind::Invalid | FailureKind::Rejected => "rejected",
+            FailureKind::Timeout => "timeout",
+            FailureKind::Broker => "broker",
+        }
+    }
+}
+
+#[derive(Clone)]
+pub(crate) struct Publisher {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    prefix: String,
+    stream: String,
+    timeout: Duration,
+}
+
+/// Connects to NATS with the credentials and TLS settings of `config`. Fails fast (bounded) when the
+/// server is unreachable or refuses the credentials; afterwards the client reconnects on its own.
+pub async fn connect(config: &RelayConfig) -> Result<async_nats::Client> {
+    let mut options = async_nats::ConnectOptions::new()
+        .name("outbox-relay")
+        .connection_timeout(Duration::from_secs(5))
+        .ping_interval(Duration::from_secs(10))
+        .max_reconnects(None);
+    if let Some(path) = &config.nats_creds {
+        options = options.credentials_file(path).await.map_err(|e| {
+            Error::NatsConnect(format!("cannot read creds file {}: {e}", path.display()))
+        })?;
+    }
+    if let Some(path) = &config.nats_nkey {
+        let seed = std::fs::read_to_string(path).map_err(|e| {
+            Error::NatsConnect(format!("cannot read nkey file {}: {e}", path.display()))
+        })?;
+        options = options.nkey(seed.trim().to_string());
+    }
+    if let Some(ca) = &config.nats_tls_ca {
+        options = options.add_root_certificates(ca.clone()).require_tls(true);
+    }
+    if let (Some(cert), Some(key)) = (&config.nats_tls_cert, &config.nats_tls_key) {
+        options = options.add_client_certificate(cert.clone(), key.clone());
+    }
+    options
+        .connect(config.nats_url.as_str())
+        .await
+        .map_err(|e| {
+            use async_nats::ConnectErrorKind as K;
+            let what = match e.kind() {
+                K::Authentication | K::AuthorizationViolation => "authentication failed",
+                K::TimedOut => "timed out",
+                K::Tls => "TLS setup failed",
+                _ => "cannot connect",
+            };
+            Error::NatsConnect(format!(
+                "{what} ({}): {}",
+                crate::db::redact(&config.nats_url),
+                crate::db::redact(&e.to_string())
+            ))
+        })
+}
+
+impl Publisher {
+    pub fn new(client: async_nats::Client, config: &RelayConfig) -> Self {
+        let js = jetstream::ContextBuilder::new()
+            .timeout(config.publish_timeout)
+            .ack_timeout(config.publish_timeout)
+            .max_ack_inflight(config.batch_size.max(256) * 2)
+            .backpressure_on_inflight(true)
+            .build(client.clone());
+        Publisher {
+            client,
+            js,
+            prefix: config.subject_prefix.clone(),
+            stream: config.stream.clone(),
+            timeout: config.publish_timeout,
+        }
+    }
+
+    /// Checks (or creates) the stream and warns when its duplicate window is shorter than the
+    /// longest gap between two publishes of one row.
+    pub async fn ensure_stream(&self, config: &RelayConfig) -> Result<()> {
+        let info = match self.js.get_stream(&self.stream).await {
+            Ok(mut s) => s
+                .info()
+                .await
+                .map_err(|e| Error::Stream(e.to_string()))?
+                .clone(),
+            Err(e) if config.create_stream && is_not_found(&e) => {
+                let window = MIN_DUPLICATE_WINDOW.max(config.longest_redelivery_gap());
+                tracing::info!(stream = %self.stream, duplicate_window = ?window, "creating stream");
+                let mut s = self
+                    .js
+                    .create_stream(stream::Config {
+                        name: self.stream.clone(),
+                        subjects: vec![format!("{}.>", self.prefix)],
+                        storage: stream::StorageType::File,
+                        duplicate_window: window,
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(|e| {
+                        Error::Stream(format!("cannot create stream {}: {e}", self.stream))
+                    })?;
+                s.info()
+                    .await
+                    .map_err(|e| Error::Stream(e.to_string()))?
+                    .clone()
+            }
+            Err(e) if is_not_found(&e) => {
+                return Err(Error::Stream(format!(
+                    "stream {} does not exist: create it, or pass --create-stream",
+                    self.stream
+                )))
+            }
+            Err(e) => {
+                return Err(Error::Stream(format!(
+                    "cannot look up stream {}: {e}",
+                    self.stream
+                )))
+            }
+        };
+        let gap = config.longest_redelivery_gap();
+        if info.config.duplicate_window < gap {
+            tracing::warn!(
+                stream = %self.stream,
+                duplicate_window = ?info.config.duplicate_window,
+                longest_redelivery_gap = ?gap,
+                "the stream's duplicate window is shorter than the longest redelivery gap: a row retried after the window can be stored twice"
+            );
+        }
+        Ok(())
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    /// Is JetStream answering at all? Tells a broker outage from events the broker refuses.
+    pub async fn probe(&self) -> bool {
+        let lookup = self.js.get_stream(&self.stream);
+        matches!(tokio::time::timeout(self.timeout, lookup).await, Ok(Ok(_)))
+    }
+
+    pub fn subject(&self, event: &OutboxEvent) -> String {
+        format!("{}.{}", self.prefix, event.event_type)
+    }
+
+    /// Publishes every group concurrently (pipelined on one connection); within a group, one event
+    /// at a time in order, stopping at the first failure so an aggregate's order survives retries.
+    pub async fn publish(&self, groups: &[Vec<OutboxEvent>]) -> Vec<Vec<Outcome>> {
+        join_all(groups.iter().map(|group| self.publish_group(group))).await
+    }
+
+    async fn publish_group(&self, group: &[OutboxEvent]) -> Vec<Outcome> {
+        let mut outcomes = Vec::with_capacity(group.len());
+        for event in group {
+            if outcomes
+                .iter()
+                .any(|o| !matches!(o, Outcome::Published { .. }))
+            {
+                outcomes.push(Outcome::NotAttempted);
+                continue;
+            }
+            outcomes.push(self.publish_one(event).await);
+        }
+        outcomes
+    }
+
+    async fn publish_one(&self, event: &OutboxEvent) -> Outcome {
+        let headers = match event.validate().map(|()| headers(event)) {
+            Ok(h) => h,
+            Err(e) => {
+                return Outcome::Failed(Failure {
+                    kind: FailureKind::Invalid,
+                    message: e.to_string(),
+                })
+            }
+        };
+        let payload = Bytes::copy_from_slice(event.payload.as_bytes());
+        let sent = self
+            .js
+            .publish_with_headers(self.subject(event), headers, payload)
+            .await;
+        let result = match sent {
+            Ok(ack) => ack.await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(ack) => Outcome::Published {
+                duplicate: ack.duplicate,
+                acked_at: SystemTime::now(),
+            },
+            Err(e) => {
+                let kind = match e.kind() {
+                    PublishErrorKind::StreamNotFound
+                    | PublishErrorKind::MaxPayloadExceeded
+                    | PublishErrorKind::WrongLastMessageId
+                    | PublishErrorKind::WrongLastSequence
+                    | PublishErrorKind::Other => FailureKind::Rejected,
+                    PublishErrorKind::TimedOut => FailureKind::Timeout,
+                    PublishErrorKind::BrokenPipe | PublishErrorKind::MaxAckPending => {
+                        FailureKind::Broker
+                    }
+                };
+                let message = match e.kind() {
+                    PublishErrorKind::StreamNotFound => format!(
+                        "no JetStream stream listens on subject {}",
+                        self.subject(event)
+                    ),
+                    _ => e.to_string(),
+                };
+                Outcome::Failed(Failure { kind, message })
+            }
+        }
+    }
+}
+
+fn is_not_found(e: &jetstream::context::GetStreamError) -> bool {
+    matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(ref js)
+        if js.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
+}
+
+/// `Nats-Msg-Id` (JetStream dedup), the outbox metadata, then the row's own headers.
+fn headers(event: &OutboxEvent) -> async_nats::HeaderMap {
+    let id = event.id.to_string();
+    let mut h = async_nats::HeaderMap::new();
+    for (name, value) in &event.headers {
+        h.insert(name.as_str(), value.as_str());
+    }
+    h.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
+    h.insert(HEADER_EVENT_ID, id.as_str());
+    h.insert(HEADER_AGGREGATE_TYPE, event.aggregate_type.as_str());
+    h.insert(HEADER_AGGREGATE_ID, event.aggregate_id.as_str());
+    h.insert(HEADER_EVENT_TYPE, event.event_type.as_str());
+    h.insert(
+        HEADER_CREATED_AT,
+        humantime::format_rfc3339_micros(event.created_at)
+            .to_string()
+            .as_str(),
+    );
+    h
+}

@@ -1,0 +1,383 @@
+//! The relay: wakes on notifications (or the fallback ticker), claims a batch, publishes it,
+//! records the outcome, and repeats while batches come back full.
+
+use std::sync::atomic::Ordering as AtomicOrdering;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use backoff::backoff::Backoff;
+use backoff::ExponentialBackoff;
+use tokio::time::sleep_until;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::config::{NotifyMode, RelayConfig};
+use crate::error::{Error, Result};
+use crate::event::OutboxEvent;
+use crate::listener::{reason, Listener, Signals};
+use crate::metrics::{EventTypeLabel, FailedLabels, Metrics};
+use crate::publisher::{FailureKind, Outcome, Publisher};
+use crate::store::{Failure, Store};
+
+/// A relay from the outbox table to JetStream. Build it with [`Relay::new`], then
+/// [`Relay::run`] it until its shutdown token is cancelled.
+pub struct Relay {
+    config: RelayConfig,
+    store: Store,
+    publisher: Publisher,
+    signals: Arc<Signals>,
+    metrics: Arc<Metrics>,
+}
+
+/// What one batch did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct BatchReport {
+    pub claimed: usize,
+    pub published: usize,
+    pub failed: usize,
+    /// Earliest retry time among rows that failed and will be retried.
+    pub next_retry: Option<Duration>,
+}
+
+impl Relay {
+    /// Validates the config, checks the schema and the stream (creating it with
+    /// `create_stream`), and connects to NATS. Fails fast with a clear error on any of them.
+    pub async fn new(config: RelayConfig) -> Result<Relay> {
+        Self::with_metrics(config, Arc::new(Metrics::new())).await
+    }
+
+    /// Like [`Relay::new`], recording into the given metrics (so an application can serve them).
+    pub async fn with_metrics(config: RelayConfig, metrics: Arc<Metrics>) -> Result<Relay> {
+        config.validate()?;
+        let client = crate::db::connect(&config.database_url, "outbox-relay").await?;
+        crate::migrate::check_schema(&client).await?;
+        drop(client);
+        let nats = crate::publisher::connect(&config).await?;
+        let publisher = Publisher::new(nats, &config);
+        publisher.ensure_stream(&config).await?;
+        Ok(Relay {
+            store: Store::new(config.database_url.clone()),
+            publisher,
+            signals: Arc::new(Signals::default()),
+            metrics,
+            config,
+        })
+    }
+
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// Runs until `shutdown` is cancelled. On shutdown the batch in hand is finished (bounded by
+    /// the publish timeout) and committed; nothing is left locked.
+    pub async fn run(mut self, shutdown: CancellationToken) -> Result<()> {
+        let tasks = CancellationToken::new();
+        let mut handles = Vec::new();
+        if self.config.notify_mode != NotifyMode::Poll {
+            let listener = Listener {
+                url: self
+                    .config
+                    .listen_database_url
+                    .clone()
+                    .unwrap_or_else(|| self.config.database_url.clone()),
+                mode: self.config.notify_mode,
+                signals: self.signals.clone(),
+                metrics: self.metrics.clone(),
+            };
+            handles.push(tokio::spawn(listener.run(tasks.clone())));
+        }
+        handles.push(tokio::spawn(crate::background::stats(
+            self.config.clone(),
+            self.metrics.clone(),
+            self.signals.clone(),
+            tasks.clone(),
+        )));
+        if let Some(retention) = self.config.retention {
+            handles.push(tokio::spawn(crate::background::retention(
+                self.config.database_url.clone(),
+                retention,
+                tasks.clone(),
+            )));
+        }
+        if let Some(addr) = self.config.metrics_addr {
+            let health = crate::http::Health {
+                metrics: self.metrics.clone(),
+                signals: self.signals.clone(),
+                publisher: self.publisher.clone(),
+                polling_only: self.config.notify_mode == NotifyMode::Poll,
+            };
+            let listener = tokio::net::TcpListener::bind(addr).await?;
+            tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+            handles.push(tokio::spawn(crate::http::serve(
+                listener,
+                health,
+                tasks.clone(),
+            )));
+        }
+
+        let result = self.process(&shutdown).await;
+        tasks.cancel();
+        for h in handles {
+            let _ = h.await;
+        }
+        tracing::info!("relay stopped");
+        result
+    }
+
+    /// The processor loop: drain, arm, wait for a wake-up, drain again.
+    async fn process(&mut self, shutdown: &CancellationToken) -> Result<()> {
+        let mut trouble = ExponentialBackoff {
+            initial_interval: Duration::from_millis(100),
+            max_interval: Duration::from_secs(10),
+            max_elapsed_time: None,
+            ..Default::default()
+        };
+        let mut next_retry: Option<Instant> = None;
+        let mut wake_reason = "reconnect";
+        loop {
+            // Drain: repeat at once while batches come back full.
+            loop {
+                if shutdown.is_cancelled() {
+                    return Ok(());
+                }
+                self.metrics.wakeup(wake_reason);
+                match self.process_batch().await {
+                    Ok(report) => {
+                        trouble.reset();
+                        self.metrics.broker_connected.set(1);
+                        if let Some(d) = report.next_retry {
+                            let at = Instant::now() + d;
+                            next_retry = Some(next_retry.map_or(at, |n| n.min(at)));
+                        }
+                        if report.claimed < self.config.batch_size {
+                            break;
+                        }
+                        wake_reason = "backlog";
+                    }
+                    Err(e) => {
+                        let delay = trouble.next_backoff().unwrap_or(Duration::from_secs(10));
+                        if matches!(e, Error::BrokerUnavailable(_)) {
+                            self.metrics.broker_connected.set(0);
+                        } else {
+                            self.store.reset();
+                        }
+                        tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "batch failed; backing off");
+                        tokio::select! {
+                            _ = shutdown.cancelled() => return Ok(()),
+                            _ = tokio::time::sleep(delay) => {}
+                        }
+                        wake_reason = "backlog";
+                    }
+                }
+            }
+            // Idle: ask the listener to arm; it wakes us for the catch-up poll.
+            self.signals.arm.notify_one();
+            let fallback = Instant::now() + self.config.fallback_interval;
+            let retry_at = next_retry.unwrap_or(fallback).min(fallback);
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                _ = self.signals.wake.notified() => {
+                    let r = self.signals.take_reasons();
+                    wake_reason = if r & reason::RECONNECT != 0 {
+                        "reconnect"
+                    } else if r & reason::NOTIFY != 0 {
+                        "notify"
+                    } else {
+                        "armed"
+                    };
+                }
+                _ = sleep_until(retry_at.into()) => {
+                    wake_reason = "fallback";
+                    if next_retry.is_some_and(|n| n <= Instant::now()) {
+                        next_retry = None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// One transaction: claim, publish, record, commit.
+    pub(crate) async fn process_batch(&mut self) -> Result<BatchReport> {
+        let started = Instant::now();
+        let ordering = self.config.ordering;
+        let batch_size = self.config.batch_size;
+        let claim = self.store.claim(ordering, batch_size).await?;
+        let mut report = BatchReport {
+            claimed: claim.claimed,
+            ..Default::default()
+        };
+        if claim.groups.is_empty() {
+            claim.commit().await?;
+            return Ok(report);
+        }
+        let publish_started = Instant::now();
+        let outcomes = self.publisher.publish(&claim.groups).await;
+        self.metrics
+            .publish_duration
+            .observe(publish_started.elapsed().as_secs_f64());
+
+        let any_published = outcomes
+            .iter()
+            .flatten()
+            .any(|o| matches!(o, Outcome::Published { .. }));
+        if !any_published && !self.publisher.probe().await {
+            // Nothing went through and JetStream does not answer: the broker is down, not the
+            // events. Spend no attempts; the rollback releases the rows.
+            claim.rollback().await?;
+            return Err(Error::BrokerUnavailable(
+                first_failure(&outcomes).unwrap_or_else(|| "no ack".into()),
+            ));
+        }
+
+        let mut published: Vec<Uuid> = Vec::with_capacity(claim.claimed);
+        let mut failures: Vec<Failure> = Vec::new();
+        for (group, group_outcomes) in claim.groups.iter().zip(&outcomes) {
+            for (event, outcome) in group.iter().zip(group_outcomes) {
+                match outcome {
+                    Outcome::Published {
+                        duplicate,
+                        acked_at,
+                    } => {
+                        published.push(event.id);
+                        observe_published(&self.metrics, event, *duplicate, *acked_at);
+                    }
+                    Outcome::Failed(f) => {
+                        let failure =
+                            decide(&self.config, &self.metrics, event, f.kind, &f.message);
+                        if !failure.dead_letter {
+                            report.next_retry = Some(
+                                report
+                                    .next_retry
+                                    .map_or(failure.retry_in, |d| d.min(failure.retry_in)),
+                            );
+                        }
+                        failures.push(failure);
+                    }
+                    Outcome::NotAttempted => {}
+                }
+            }
+        }
+        claim.mark_published(&published).await?;
+        claim.record_failures(&failures).await?;
+        claim.commit().await?;
+
+        report.published = published.len();
+        report.failed = failures.len();
+        let elapsed = started.elapsed();
+        self.metrics.batch_duration.observe(elapsed.as_secs_f64());
+        tracing::debug!(
+            batch_size = report.claimed,
+            published = report.published,
+            failed = report.failed,
+            elapsed_ms = elapsed.as_secs_f64() * 1000.0,
+            "batch done"
+        );
+        Ok(report)
+    }
+}
+
+fn observe_published(
+    metrics: &Metrics,
+    event: &OutboxEvent,
+    duplicate: bool,
+    acked_at: SystemTime,
+) {
+    metrics
+        .published
+        .get_or_create(&EventTypeLabel {
+            event_type: event.event_type.clone(),
+        })
+        .inc();
+    if let Ok(lag) = acked_at.duration_since(event.created_at) {
+        metrics.commit_to_publish.observe(lag.as_secs_f64());
+    }
+    if duplicate {
+        tracing::debug!(event_id = %event.id, event_type = %event.event_type, "already in the stream (deduplicated)");
+    }
+}
+
+/// Turns a failed publish into what is recorded: attempts spent, next retry, dead letter.
+fn decide(
+    config: &RelayConfig,
+    metrics: &Metrics,
+    event: &OutboxEvent,
+    kind: FailureKind,
+    message: &str,
+) -> Failure {
+    let spend = kind != FailureKind::Broker;
+    let attempt = event.attempts + i32::from(spend);
+    let dead_letter =
+        kind == FailureKind::Invalid || (spend && attempt >= config.max_attempts as i32);
+    let retry_in = retry_delay(config, attempt.max(1) as u32);
+    metrics
+        .failed
+        .get_or_create(&FailedLabels {
+            event_type: event.event_type.clone(),
+            reason: kind.label().to_string(),
+        })
+        .inc();
+    if dead_letter {
+        metrics.dead_lettered.inc();
+        tracing::error!(
+            event_id = %event.id,
+            event_type = %event.event_type,
+            aggregate_type = %event.aggregate_type,
+            aggregate_id = %event.aggregate_id,
+            attempt,
+            error = %message,
+            "event dead-lettered"
+        );
+    } else {
+        tracing::warn!(
+            event_id = %event.id,
+            event_type = %event.event_type,
+            aggregate_type = %event.aggregate_type,
+            aggregate_id = %event.aggregate_id,
+            attempt,
+            retry_in_ms = retry_in.as_millis() as u64,
+            error = %message,
+            "publish failed; will retry"
+        );
+    }
+    Failure {
+        id: event.id,
+        error: message.to_string(),
+        retry_in,
+        dead_letter,
+        spend_attempt: spend,
+    }
+}
+
+fn first_failure(outcomes: &[Vec<Outcome>]) -> Option<String> {
+    outcomes.iter().flatten().find_map(|o| match o {
+        Outcome::Failed(f) => Some(f.message.clone()),
+        _ => None,
+    })
+}
+
+/// Exponential backoff with jitter for the `attempt`-th failure of a row:
+/// about `retry_initial * 2^(attempt-1)`, capped at `retry_max`.
+pub fn retry_delay(config: &RelayConfig, attempt: u32) -> Duration {
+    let mut b = ExponentialBackoff {
+        initial_interval: config.retry_initial,
+        max_interval: config.retry_max,
+        multiplier: 2.0,
+        randomization_factor: 0.25,
+        max_elapsed_time: None,
+        ..Default::default()
+    };
+    let mut delay = config.retry_initial;
+    for _ in 0..attempt.min(64) {
+        delay = b.next_backoff().unwrap_or(config.retry_max);
+    }
+    delay.min(config.retry_max)
+}
+
+impl Relay {
+    /// Is the listener connected? (For embedding applications' own health checks.)
+    pub fn listener_connected(&self) -> bool {
+        self.signals
+            .listener_connected
+            .load(AtomicOrdering::Acquire)
+    }
+}

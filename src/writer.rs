@@ -1,0 +1,60 @@
+//! The writer API: put events into the outbox inside the application's own transaction.
+
+use tokio_postgres::GenericClient;
+use uuid::Uuid;
+
+use crate::error::Result;
+use crate::event::NewEvent;
+
+const ENQUEUE: &str = include_str!("../sql/queries/enqueue.sql");
+
+/// Writes one event. Pass the application's `Transaction`: the event then commits or rolls back
+/// with the business data. Returns the event id (also its `Nats-Msg-Id`).
+pub async fn enqueue<C: GenericClient + Sync>(client: &C, event: &NewEvent) -> Result<Uuid> {
+    let ids = enqueue_many(client, std::slice::from_ref(event)).await?;
+    Ok(ids[0])
+}
+
+/// Writes several events in one statement, in the given order (their `seq` follows it).
+/// All events are validated before anything is sent: one bad event writes none.
+pub async fn enqueue_many<C: GenericClient + Sync>(
+    client: &C,
+    events: &[NewEvent],
+) -> Result<Vec<Uuid>> {
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    for event in events {
+        event.validate()?;
+    }
+    let aggregate_types: Vec<&str> = events.iter().map(|e| e.aggregate_type.as_str()).collect();
+    let aggregate_ids: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
+    let event_types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+    let payloads: Vec<&serde_json::Value> = events.iter().map(|e| &e.payload).collect();
+    let headers: Vec<Option<serde_json::Value>> = events
+        .iter()
+        .map(|e| {
+            (!e.headers.is_empty()).then(|| {
+                serde_json::Value::Object(
+                    e.headers
+                        .iter()
+                        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                        .collect(),
+                )
+            })
+        })
+        .collect();
+    let rows = client
+        .query(
+            ENQUEUE,
+            &[
+                &aggregate_types,
+                &aggregate_ids,
+                &event_types,
+                &payloads,
+                &headers,
+            ],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
