@@ -18,7 +18,7 @@ pub enum Error {
     #[error("the outbox schema is missing or out of date (found version {found:?}, need {need}): run `outbox-relay migrate`")]
     SchemaMissing { found: Option<i32>, need: i32 },
     /// PostgreSQL failed or could not be reached.
-    #[error("database error: {0}")]
+    #[error("database error: {}", describe_db_error(.0))]
     Database(#[from] tokio_postgres::Error),
     /// NATS could not be reached or refused the connection.
     #[error("NATS connection failed: {0}")]
@@ -65,6 +65,24 @@ impl Error {
     pub fn is_usage(&self) -> bool {
         matches!(self, Error::Config { .. } | Error::InvalidEvent(_))
     }
+}
+
+/// tokio-postgres displays server errors as just "db error"; show the server's message.
+fn describe_db_error(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        let mut out = format!("{}: {}", db.severity(), db.message());
+        if let Some(detail) = db.detail() {
+            out.push_str(&format!(" ({detail})"));
+        }
+        return out;
+    }
+    let mut out = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        out.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    out
 }
 
 /// Connection loss, shutdown, serialization failures: the statement may succeed on a new try.

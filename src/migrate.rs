@@ -28,6 +28,7 @@ const PREPARE: &str = include_str!("../sql/queries/migrate_prepare.sql");
 const APPLIED: &str = include_str!("../sql/queries/migrate_applied.sql");
 const RECORD: &str = include_str!("../sql/queries/migrate_record.sql");
 const SCHEMA_VERSION: &str = include_str!("../sql/queries/schema_version.sql");
+const SCHEMA_EXISTS: &str = include_str!("../sql/queries/schema_exists.sql");
 
 /// Applies the missing migrations in one transaction, under an advisory lock so that two `migrate`
 /// runs at once apply each version once. Returns the versions applied now (empty: up to date).
@@ -68,7 +69,12 @@ pub fn script() -> String {
 /// Fails with a message telling the user to run `outbox-relay migrate` when the schema is missing
 /// or older than this build needs.
 pub async fn check_schema(client: &Client) -> Result<()> {
-    let found: Option<i32> = client.query_one(SCHEMA_VERSION, &[]).await?.get(0);
+    let exists: bool = client.query_one(SCHEMA_EXISTS, &[]).await?.get(0);
+    let found: Option<i32> = if exists {
+        client.query_one(SCHEMA_VERSION, &[]).await?.get(0)
+    } else {
+        None
+    };
     let need = current_version();
     match found {
         Some(v) if v >= need => Ok(()),

@@ -1,3 +1,2 @@
--- NULL when the schema was never migrated.
-SELECT CASE WHEN to_regclass('outbox_schema_migrations') IS NULL THEN NULL
-            ELSE (SELECT max(version) FROM outbox_schema_migrations) END AS version
+-- The newest applied schema version. Run only after schema_exists.sql said the table exists.
+SELECT max(version) FROM outbox_schema_migrations

@@ -1,0 +1,66 @@
+#![allow(dead_code, unused_imports)]
+//! Shared integration-test harness: throwaway PostgreSQL clusters, throwaway
+//! nats-server instances and small async helpers.
+//!
+//! Used by test binaries via `mod common;` and by benches via
+//! `#[path = "../tests/common/mod.rs"] mod common;`.
+//!
+//! Every server process is forked from one dedicated, never-exiting "spawner"
+//! thread with `PR_SET_PDEATHSIG = SIGKILL`, so servers die together with the
+//! test process even when their owning value is never dropped (statics) or the
+//! process is killed.
+
+mod nats;
+pub mod outbox;
+mod pg;
+mod proc;
+
+use std::future::Future;
+use std::time::Duration;
+
+pub use nats::NatsServer;
+pub use pg::{shared_pg, PgCluster, PgOptions};
+
+/// Polls `f` every 10 ms until it returns `true`.
+///
+/// Panics with `what` if that does not happen within `timeout` (this includes a
+/// single call of `f` that hangs past the deadline).
+pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = tokio::time::Instant::now();
+    let deadline = start + timeout;
+    loop {
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(remaining, f()).await {
+            Ok(true) => return,
+            Ok(false) => {}
+            Err(_) => panic!(
+                "timed out after {timeout:?} waiting for {what} (the last check did not finish)"
+            ),
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Connects to `url` without TLS (bounded to 10 s), spawns the connection
+/// task on the current tokio runtime and returns the client.
+pub async fn pg_client(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio_postgres::connect(url, tokio_postgres::NoTls),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("timed out after 10s connecting to {url}"))
+    .unwrap_or_else(|e| panic!("could not connect to {url}: {e}"));
+    tokio::spawn(async move {
+        // Errors here are expected when tests kill/restart the server.
+        let _ = connection.await;
+    });
+    client
+}

@@ -1,0 +1,302 @@
+//! Throwaway nats-server instances with JetStream.
+
+use std::ffi::OsString;
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use super::proc::{self, TestDir};
+
+const READY_TIMEOUT: Duration = Duration::from_secs(15);
+const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Environment variable that overrides the nats-server binary.
+pub const NATS_SERVER_ENV: &str = "OUTBOX_RELAY_TEST_NATS_SERVER";
+
+/// `$OUTBOX_RELAY_TEST_NATS_SERVER`, else `nats-server` on PATH, else
+/// `/usr/sbin/nats-server`.
+fn nats_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(p) = std::env::var_os(NATS_SERVER_ENV) {
+            return PathBuf::from(p);
+        }
+        proc::which("nats-server")
+            .or_else(|| {
+                ["/usr/sbin/nats-server", "/usr/local/bin/nats-server"]
+                    .iter()
+                    .map(PathBuf::from)
+                    .find(|p| proc::is_executable(p))
+            })
+            .unwrap_or_else(|| {
+                panic!("nats-server not found on PATH or in /usr/sbin (set ${NATS_SERVER_ENV})")
+            })
+    })
+}
+
+/// A throwaway nats-server with JetStream (file store in its temp dir),
+/// listening on 127.0.0.1. A direct child of the test process that dies with
+/// it.
+#[derive(Debug)]
+pub struct NatsServer {
+    // `Drop for NatsServer` kills the server before the TestDir is removed.
+    dir: TestDir,
+    port: u16,
+    args: Vec<OsString>,
+    log_path: PathBuf,
+    /// Check readiness with a JetStream account-info request (only possible
+    /// without auth).
+    probe_jetstream: bool,
+    child: Option<Child>,
+}
+
+impl NatsServer {
+    /// `nats-server -js -a 127.0.0.1 -p <free port> -sd <tmp>/js -l <tmp>/nats.log`,
+    /// waits until JetStream answers. Blocking; panics with the log tail on
+    /// failure.
+    pub fn start() -> NatsServer {
+        let dir = TestDir::new("nats", None);
+        let port = proc::free_port();
+        let store = dir.path().join("js");
+        let log_path = dir.path().join("nats.log");
+        let args: Vec<OsString> = vec![
+            "-js".into(),
+            "-a".into(),
+            "127.0.0.1".into(),
+            "-p".into(),
+            port.to_string().into(),
+            "-sd".into(),
+            store.into(),
+            "-l".into(),
+            log_path.clone().into(),
+        ];
+        Self::launch(dir, port, args, log_path, true)
+    }
+
+    /// Starts nats-server with a config file made of
+    ///
+    /// ```text
+    /// listen: "127.0.0.1:<free port>"
+    /// jetstream { store_dir: "<tmp>/js" }
+    /// <conf_text>
+    /// ```
+    ///
+    /// `conf_text` must therefore not set `listen`/`port`/`jetstream` itself
+    /// (use it for `authorization { ... }`, `accounts { ... }`, limits, ...).
+    /// Readiness is "TCP accepts and the log says `Server is ready`", since
+    /// the harness cannot know the credentials.
+    pub fn start_with_config(conf_text: &str) -> NatsServer {
+        let dir = TestDir::new("nats", None);
+        let port = proc::free_port();
+        let store = dir.path().join("js");
+        let log_path = dir.path().join("nats.log");
+        let conf_path = dir.path().join("nats.conf");
+        let conf = format!(
+            "listen: \"127.0.0.1:{port}\"\njetstream {{\n  store_dir: \"{}\"\n}}\n{conf_text}\n",
+            store.display()
+        );
+        std::fs::write(&conf_path, conf)
+            .unwrap_or_else(|e| panic!("could not write {}: {e}", conf_path.display()));
+        let args: Vec<OsString> = vec![
+            "-c".into(),
+            conf_path.into(),
+            "-l".into(),
+            log_path.clone().into(),
+        ];
+        Self::launch(dir, port, args, log_path, false)
+    }
+
+    fn launch(
+        dir: TestDir,
+        port: u16,
+        args: Vec<OsString>,
+        log_path: PathBuf,
+        probe_jetstream: bool,
+    ) -> NatsServer {
+        let mut server = NatsServer {
+            dir,
+            port,
+            args,
+            log_path,
+            probe_jetstream,
+            child: None,
+        };
+        server.start_again();
+        server
+    }
+
+    /// TCP port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `nats://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// JetStream store dir (`-sd`); the streams live below it.
+    pub fn store_dir(&self) -> PathBuf {
+        self.dir.path().join("js")
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// The last `lines` lines of the server log (plus its stdout/stderr).
+    pub fn log_tail(&self, lines: usize) -> String {
+        let mut s = proc::log_tail(&self.log_path, lines);
+        let stdio = self.stdio_path();
+        if proc::file_len(&stdio) > 0 {
+            s.push_str(&proc::log_tail(&stdio, lines));
+        }
+        s
+    }
+
+    fn stdio_path(&self) -> PathBuf {
+        self.dir.path().join("nats-stdio.log")
+    }
+
+    /// PID of the running server, if any.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILL and wait until the process is reaped and the port is free.
+    /// No-op if not running.
+    pub fn kill(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        proc::kill_and_reap(&mut child);
+        self.wait_port_free();
+    }
+
+    /// Graceful shutdown (SIGINT), bounded; no-op if not running.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let _ = proc::send_signal(child.id(), Signal::SIGINT);
+        if proc::wait_child(&mut child, STOP_TIMEOUT).is_none() {
+            let pid = child.id();
+            proc::kill_and_reap(&mut child);
+            panic!(
+                "nats-server (pid {pid}) did not stop within {STOP_TIMEOUT:?} after SIGINT; \
+                 killed it\n{}",
+                self.log_tail(40)
+            );
+        }
+        self.wait_port_free();
+    }
+
+    /// `stop` + `start_again`.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.start_again();
+    }
+
+    fn wait_port_free(&self) {
+        if !proc::wait_port_free(self.port, Duration::from_secs(10)) {
+            panic!(
+                "port {} still in use 10s after nats-server exited",
+                self.port
+            );
+        }
+    }
+
+    /// Starts the server again with the same port, arguments and store dir
+    /// (streams survive) and waits until it is ready.
+    pub fn start_again(&mut self) {
+        assert!(
+            self.child.is_none(),
+            "NatsServer::start_again called while nats-server (pid {:?}) is running",
+            self.pid()
+        );
+        let log_start = proc::file_len(&self.log_path);
+        let stdio_path = self.stdio_path();
+        let stdio = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&stdio_path)
+            .unwrap_or_else(|e| panic!("could not open {}: {e}", stdio_path.display()));
+        let stdio2 = stdio.try_clone().expect("could not dup log fd");
+        let mut cmd = Command::new(nats_bin());
+        cmd.args(&self.args)
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(stdio)
+            .stderr(stdio2);
+        let child = proc::spawn_server(cmd)
+            .unwrap_or_else(|e| panic!("could not spawn {}: {e}", nats_bin().display()));
+        self.child = Some(child);
+
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let url = self.url();
+        loop {
+            let child = self.child.as_mut().expect("nats child");
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                panic!(
+                    "nats-server on port {} exited during startup ({status})\n{}",
+                    self.port,
+                    self.log_tail(40)
+                );
+            }
+            let ready = proc::port_accepts(self.port)
+                && proc::read_from(&self.log_path, log_start).contains("Server is ready")
+                && (!self.probe_jetstream || probe_jetstream(&url));
+            if ready {
+                return;
+            }
+            if Instant::now() >= deadline {
+                if let Some(mut child) = self.child.take() {
+                    proc::kill_and_reap(&mut child);
+                }
+                panic!(
+                    "nats-server on port {} not ready within {READY_TIMEOUT:?}\n{}",
+                    self.port,
+                    self.log_tail(40)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Whether JetStream answers an account-info request (`$JS.API.INFO`).
+///
+/// Deliberately a raw request: async-nats 0.51's `Context::query_account()`
+/// cannot decode the reply of nats-server 2.9 (it requires the
+/// `reserved_memory`/`reserved_storage` fields that older servers omit).
+fn probe_jetstream(url: &str) -> bool {
+    let url = url.to_owned();
+    proc::probe(Duration::from_secs(2), async move {
+        let Ok(client) = async_nats::connect(url).await else {
+            return false;
+        };
+        let Ok(reply) = client.request("$JS.API.INFO", "".into()).await else {
+            return false;
+        };
+        let Ok(json) = serde_json::from_slice::<serde_json::Value>(&reply.payload) else {
+            return false;
+        };
+        json.get("error").is_none()
+            && json.get("type").and_then(|t| t.as_str())
+                == Some("io.nats.jetstream.api.v1.account_info_response")
+    })
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            proc::kill_and_reap(&mut child);
+        }
+        // self.dir (TestDir) removes the files afterwards.
+    }
+}

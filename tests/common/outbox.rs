@@ -1,0 +1,265 @@
+//! Outbox-specific test support on top of the server harness: a migrated database, a stream, relays
+//! in-process or as the CLI binary, and readers of what reached the stream.
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, stream};
+use futures::StreamExt;
+use outbox_relay::{Relay, RelayConfig};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::{pg_client, shared_pg, wait_until, NatsServer};
+
+pub const STREAM: &str = "OUTBOX";
+
+/// A fresh migrated database and a nats-server of its own with the `OUTBOX` stream.
+pub struct Env {
+    pub db: String,
+    pub nats: NatsServer,
+}
+
+/// One message as stored in the stream.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    pub seq: u64,
+    pub subject: String,
+    pub headers: HashMap<String, String>,
+    pub payload: String,
+}
+
+impl Stored {
+    pub fn event_id(&self) -> Uuid {
+        Uuid::parse_str(&self.headers["Outbox-Event-Id"]).expect("Outbox-Event-Id is a uuid")
+    }
+}
+
+impl Env {
+    pub async fn new() -> Env {
+        let db = shared_pg().create_database().await;
+        let mut client = pg_client(&db).await;
+        outbox_relay::migrate::migrate(&mut client)
+            .await
+            .expect("migrate");
+        let nats = NatsServer::start();
+        let env = Env { db, nats };
+        env.create_stream().await;
+        env
+    }
+
+    pub async fn create_stream(&self) {
+        let js = self.js().await;
+        js.get_or_create_stream(stream::Config {
+            name: STREAM.into(),
+            subjects: vec!["outbox.>".into()],
+            storage: stream::StorageType::File,
+            duplicate_window: Duration::from_secs(600),
+            ..Default::default()
+        })
+        .await
+        .expect("create stream");
+    }
+
+    pub async fn js(&self) -> jetstream::Context {
+        let client = async_nats::connect(self.nats.url())
+            .await
+            .expect("connect to nats");
+        jetstream::new(client)
+    }
+
+    /// Defaults for tests: a fast retry, no metrics listener, a long fallback so that tests notice
+    /// when a wake-up depends on it.
+    pub fn config(&self) -> RelayConfig {
+        RelayConfig {
+            database_url: self.db.clone(),
+            nats_url: self.nats.url(),
+            fallback_interval: Duration::from_secs(60),
+            retry_initial: Duration::from_millis(100),
+            retry_max: Duration::from_secs(1),
+            publish_timeout: Duration::from_secs(2),
+            ..RelayConfig::default()
+        }
+    }
+
+    pub async fn spawn(&self, config: RelayConfig) -> RunningRelay {
+        let relay = Relay::new(config).await.expect("relay starts");
+        let token = CancellationToken::new();
+        let handle = tokio::spawn(relay.run(token.clone()));
+        RunningRelay { token, handle }
+    }
+
+    pub async fn client(&self) -> tokio_postgres::Client {
+        pg_client(&self.db).await
+    }
+
+    /// Inserts with the classic writer SQL, `n` rows in one transaction.
+    pub async fn insert_sql(&self, n: usize, aggregate_id: &str, event_type: &str) {
+        let client = self.client().await;
+        client
+            .execute(
+                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+                 SELECT 'order', $1, $2, jsonb_build_object('n', g) FROM generate_series(1, $3::int) g",
+                &[&aggregate_id, &event_type, &(n as i32)],
+            )
+            .await
+            .expect("insert");
+    }
+
+    pub async fn count(&self, where_clause: &str) -> i64 {
+        let client = self.client().await;
+        client
+            .query_one(
+                &format!("SELECT count(*) FROM outbox_events WHERE {where_clause}"),
+                &[],
+            )
+            .await
+            .expect("count")
+            .get(0)
+    }
+
+    pub async fn stream_len(&self) -> u64 {
+        let js = self.js().await;
+        let mut s = js.get_stream(STREAM).await.expect("stream");
+        s.info().await.expect("stream info").state.messages
+    }
+
+    pub async fn wait_stream_len(&self, n: u64, timeout: Duration) {
+        wait_until(&format!("{n} messages in the stream"), timeout, || async {
+            self.stream_len().await >= n
+        })
+        .await;
+    }
+
+    /// Every message in the stream, in stream order.
+    pub async fn stored(&self) -> Vec<Stored> {
+        let js = self.js().await;
+        let s = js.get_stream(STREAM).await.expect("stream");
+        let total = self.stream_len().await as usize;
+        let mut out = Vec::with_capacity(total);
+        if total == 0 {
+            return out;
+        }
+        let consumer = s
+            .create_consumer(jetstream::consumer::pull::OrderedConfig::default())
+            .await
+            .expect("ordered consumer");
+        let mut messages = consumer.messages().await.expect("messages");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while out.len() < total {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let msg = tokio::time::timeout(left, messages.next())
+                .await
+                .expect("reading the stream timed out")
+                .expect("stream ended")
+                .expect("message");
+            let info = msg.info().expect("message info");
+            let headers = msg
+                .headers
+                .as_ref()
+                .map(|h| {
+                    h.iter()
+                        .map(|(k, v)| {
+                            (
+                                k.to_string(),
+                                v.first().map(|v| v.to_string()).unwrap_or_default(),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            out.push(Stored {
+                seq: info.stream_sequence,
+                subject: msg.subject.to_string(),
+                headers,
+                payload: String::from_utf8_lossy(&msg.payload).into_owned(),
+            });
+        }
+        out
+    }
+}
+
+/// Asserts that no event id appears twice in the stream and returns the ids in stream order.
+pub fn assert_unique(stored: &[Stored]) -> Vec<Uuid> {
+    let mut seen = std::collections::HashSet::new();
+    let ids: Vec<Uuid> = stored.iter().map(Stored::event_id).collect();
+    for (i, id) in ids.iter().enumerate() {
+        assert!(
+            seen.insert(*id),
+            "event {id} stored twice (stream seq {})",
+            stored[i].seq
+        );
+    }
+    ids
+}
+
+pub struct RunningRelay {
+    pub token: CancellationToken,
+    pub handle: JoinHandle<outbox_relay::Result<()>>,
+}
+
+impl RunningRelay {
+    /// Graceful stop; the relay must exit cleanly within 10 s.
+    pub async fn stop(self) {
+        self.token.cancel();
+        tokio::time::timeout(Duration::from_secs(10), self.handle)
+            .await
+            .expect("relay stops within 10 s")
+            .expect("relay task")
+            .expect("relay exits cleanly");
+    }
+}
+
+/// The relay as the CLI binary, for kill and signal tests.
+pub struct CliRelay {
+    pub child: Child,
+}
+
+impl CliRelay {
+    pub fn spawn(env: &Env, extra: &[&str]) -> CliRelay {
+        let child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+            .args(["run", "--metrics-addr", "off", "--fallback-interval", "60s"])
+            .args(extra)
+            .env("DATABASE_URL", &env.db)
+            .env("NATS_URL", env.nats.url())
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn outbox-relay");
+        CliRelay { child }
+    }
+
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends SIGTERM and returns the exit code (bounded wait).
+    pub fn terminate(mut self) -> Option<i32> {
+        use nix::sys::signal::{kill, Signal};
+        use nix::unistd::Pid;
+        kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM).expect("SIGTERM");
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status.code();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "relay did not exit within 15 s of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for CliRelay {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,397 @@
+//! End-to-end behaviour of the core relay against real PostgreSQL and nats-server.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::outbox::{assert_unique, CliRelay, Env};
+use common::wait_until;
+use futures::StreamExt;
+use outbox_relay::{enqueue, enqueue_many, migrate, NewEvent};
+use serde_json::json;
+
+#[tokio::test]
+async fn migrate_is_idempotent_and_safe_concurrently() {
+    let db = common::shared_pg().create_database().await;
+    let mut a = common::pg_client(&db).await;
+    let mut b = common::pg_client(&db).await;
+    let (ra, rb) = tokio::join!(migrate::migrate(&mut a), migrate::migrate(&mut b));
+    let (ra, rb) = (ra.expect("first migrate"), rb.expect("second migrate"));
+    assert_eq!(
+        ra.len() + rb.len(),
+        migrate::MIGRATIONS.len(),
+        "each version applied exactly once: {ra:?} {rb:?}"
+    );
+    assert!(migrate::migrate(&mut a).await.expect("third").is_empty());
+    let versions: i64 = a
+        .query_one("SELECT count(*) FROM outbox_schema_migrations", &[])
+        .await
+        .expect("versions")
+        .get(0);
+    assert_eq!(versions, migrate::MIGRATIONS.len() as i64);
+    migrate::check_schema(&a).await.expect("schema is current");
+}
+
+#[tokio::test]
+async fn cli_migrate_print_and_missing_schema_message() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(["migrate", "--print"])
+        .output()
+        .expect("run");
+    assert!(out.status.success());
+    let sql = String::from_utf8_lossy(&out.stdout);
+    assert!(sql.contains("CREATE TABLE IF NOT EXISTS outbox_events"));
+    assert!(sql.contains("outbox_dead_letters"));
+
+    // The printed script applies cleanly with psql-like batch execution.
+    let db = common::shared_pg().create_database().await;
+    let client = common::pg_client(&db).await;
+    client
+        .batch_execute(&sql)
+        .await
+        .expect("printed SQL applies");
+    migrate::check_schema(&client)
+        .await
+        .expect("schema current after --print script");
+
+    let empty = common::shared_pg().create_database().await;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(["status", "--database-url", &empty])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("outbox-relay migrate"), "{err}");
+}
+
+#[tokio::test]
+async fn classic_sql_insert_is_relayed_with_all_headers() {
+    let env = Env::new().await;
+    let relay = env.spawn(env.config()).await;
+    let client = env.client().await;
+    let row = client
+        .query_one(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, headers)
+             VALUES ('order', 'o-1', 'order.created', '{\"total\": 42}', '{\"traceparent\": \"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\"}')
+             RETURNING id, created_at",
+            &[],
+        )
+        .await
+        .expect("insert");
+    let id: uuid::Uuid = row.get(0);
+    env.wait_stream_len(1, Duration::from_secs(10)).await;
+    let stored = env.stored().await;
+    assert_eq!(stored.len(), 1);
+    let m = &stored[0];
+    assert_eq!(m.subject, "outbox.order.created");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&m.payload).expect("json"),
+        json!({"total": 42})
+    );
+    let id_s = id.to_string();
+    assert_eq!(m.headers["Nats-Msg-Id"], id_s);
+    assert_eq!(m.headers["Outbox-Event-Id"], id_s);
+    assert_eq!(m.headers["Outbox-Aggregate-Type"], "order");
+    assert_eq!(m.headers["Outbox-Aggregate-Id"], "o-1");
+    assert_eq!(m.headers["Outbox-Event-Type"], "order.created");
+    assert_eq!(
+        m.headers["traceparent"],
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    );
+    let created = humantime::parse_rfc3339(&m.headers["Outbox-Created-At"]).expect("RFC 3339");
+    let created_db: std::time::SystemTime = row.get(1);
+    let diff = created
+        .duration_since(created_db)
+        .or_else(|e| Ok::<_, ()>(e.duration()))
+        .expect("diff");
+    assert!(
+        diff < Duration::from_millis(1),
+        "created_at header {created:?} vs row {created_db:?}"
+    );
+    wait_until("row marked processed", Duration::from_secs(5), || async {
+        env.count("processed_at IS NOT NULL").await == 1
+    })
+    .await;
+    relay.stop().await;
+}
+
+#[tokio::test]
+async fn rolled_back_enqueue_publishes_nothing() {
+    let env = Env::new().await;
+    let relay = env.spawn(env.config()).await;
+    let mut client = env.client().await;
+
+    let tx = client.transaction().await.expect("tx");
+    enqueue(
+        &tx,
+        &NewEvent::new("order", "1", "order.cancelled", &json!({"n": 1})).expect("event"),
+    )
+    .await
+    .expect("enqueue");
+    tx.rollback().await.expect("rollback");
+
+    let tx = client.transaction().await.expect("tx");
+    let ids = enqueue_many(
+        &tx,
+        &[
+            NewEvent::new("order", "2", "order.created", &json!({"n": 2})).expect("event"),
+            NewEvent::new("order", "2", "order.paid", &json!({"n": 3})).expect("event"),
+        ],
+    )
+    .await
+    .expect("enqueue_many");
+    tx.commit().await.expect("commit");
+
+    env.wait_stream_len(2, Duration::from_secs(10)).await;
+    // Give a wrongly relayed rolled-back event the chance to show up: one more committed event
+    // behind it must arrive, and still nothing else.
+    env.insert_sql(1, "3", "order.shipped").await;
+    env.wait_stream_len(3, Duration::from_secs(10)).await;
+    let stored = env.stored().await;
+    let got = assert_unique(&stored);
+    assert_eq!(got.len(), 3);
+    assert_eq!(&got[..2], &ids[..], "committed events in order");
+    assert!(stored.iter().all(|m| m.subject != "outbox.order.cancelled"));
+    relay.stop().await;
+}
+
+#[tokio::test]
+async fn invalid_events_are_refused_before_the_database() {
+    let env = Env::new().await;
+    let client = env.client().await;
+    let bad = NewEvent::new("order", "1", "order.*", &json!({})).expect("event");
+    let err = enqueue(&client, &bad)
+        .await
+        .expect_err("wildcard subject refused");
+    assert!(matches!(err, outbox_relay::Error::InvalidEvent(_)), "{err}");
+    let good = NewEvent::new("order", "1", "ok", &json!({})).expect("event");
+    let err = enqueue_many(&client, &[good, bad])
+        .await
+        .expect_err("one bad event refuses all");
+    assert!(matches!(err, outbox_relay::Error::InvalidEvent(_)));
+    assert_eq!(env.count("true").await, 0);
+}
+
+#[tokio::test]
+async fn notification_wakes_the_relay_in_milliseconds() {
+    let env = Env::new().await;
+    let relay = env.spawn(env.config()).await; // fallback 60 s
+    let js = env.js().await;
+    let client = env.client().await;
+    // Let the relay go idle (armed) first.
+    env.insert_sql(1, "warm", "warm.up").await;
+    env.wait_stream_len(1, Duration::from_secs(10)).await;
+
+    let mut latencies = Vec::new();
+    for i in 0..20 {
+        tokio::time::sleep(Duration::from_millis(20)).await; // writers' pace, not a wait for a condition
+        let start = Instant::now();
+        client
+            .execute(
+                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', $1, 'order.created', '{}')",
+                &[&format!("lat-{i}")],
+            )
+            .await
+            .expect("insert");
+        let want = 2 + i as u64;
+        loop {
+            let mut s = js.get_stream("OUTBOX").await.expect("stream");
+            if s.info().await.expect("info").state.messages >= want {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "event {i} not relayed within 5 s (fallback is 60 s)"
+            );
+        }
+        latencies.push(start.elapsed());
+    }
+    latencies.sort();
+    let max = *latencies.last().expect("latencies");
+    assert!(
+        max < Duration::from_millis(500),
+        "max commit->stream latency {max:?}; all {latencies:?}"
+    );
+    relay.stop().await;
+}
+
+#[tokio::test]
+async fn fallback_poll_delivers_when_the_trigger_is_disabled() {
+    let env = Env::new().await;
+    let client = env.client().await;
+    client
+        .batch_execute("ALTER TABLE outbox_events DISABLE TRIGGER outbox_events_notify")
+        .await
+        .expect("disable trigger");
+    let mut config = env.config();
+    config.fallback_interval = Duration::from_millis(300);
+    let relay = env.spawn(config).await;
+    env.insert_sql(3, "fb", "order.created").await;
+    env.wait_stream_len(3, Duration::from_secs(10)).await;
+    assert_eq!(env.count("processed_at IS NULL").await, 0);
+    relay.stop().await;
+}
+
+async fn listener_pid(client: &tokio_postgres::Client) -> Option<i32> {
+    client
+        .query_opt(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'outbox-relay-listener' AND datname = current_database()",
+            &[],
+        )
+        .await
+        .expect("pg_stat_activity")
+        .map(|r| r.get(0))
+}
+
+#[tokio::test]
+async fn killed_listener_connection_relistens() {
+    let env = Env::new().await;
+    let relay = env.spawn(env.config()).await; // fallback 60 s: only LISTEN can deliver in time
+    let client = env.client().await;
+    wait_until("listener connected", Duration::from_secs(10), || async {
+        listener_pid(&client).await.is_some()
+    })
+    .await;
+    for round in 0..3 {
+        let old = listener_pid(&client).await.expect("listener");
+        client
+            .execute("SELECT pg_terminate_backend($1)", &[&old])
+            .await
+            .expect("terminate");
+        wait_until("listener reconnected", Duration::from_secs(10), || async {
+            matches!(listener_pid(&client).await, Some(p) if p != old)
+        })
+        .await;
+        env.insert_sql(1, &format!("r{round}"), "order.created")
+            .await;
+        env.wait_stream_len(round + 1, Duration::from_secs(5)).await;
+    }
+    relay.stop().await;
+}
+
+#[tokio::test]
+async fn broker_restart_loses_nothing() {
+    let mut env = Env::new().await;
+    let mut config = env.config();
+    config.fallback_interval = Duration::from_secs(1);
+    let relay = env.spawn(config).await;
+    env.insert_sql(100, "before", "order.created").await;
+    env.wait_stream_len(100, Duration::from_secs(10)).await;
+
+    env.nats.kill();
+    env.insert_sql(200, "during", "order.created").await;
+    // While the broker is down nothing is marked and no attempt is spent.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(env.count("processed_at IS NULL").await, 200);
+    assert_eq!(env.count("dead_lettered_at IS NOT NULL").await, 0);
+    env.nats.start_again();
+
+    env.wait_stream_len(300, Duration::from_secs(30)).await;
+    wait_until("all rows processed", Duration::from_secs(10), || async {
+        env.count("processed_at IS NULL").await == 0
+    })
+    .await;
+    assert_eq!(assert_unique(&env.stored().await).len(), 300);
+    assert_eq!(env.count("dead_lettered_at IS NOT NULL").await, 0);
+    relay.stop().await;
+}
+
+#[tokio::test]
+async fn relay_killed_mid_drain_restarts_and_the_stream_has_each_event_once() {
+    let env = Env::new().await;
+    env.insert_sql(20_000, "bulk", "order.created").await;
+    for _ in 0..3 {
+        let relay = CliRelay::spawn(&env, &["--batch-size", "500", "--ordering", "none"]);
+        let start = env.stream_len().await;
+        wait_until("relay makes progress", Duration::from_secs(20), || async {
+            env.stream_len().await > start + 500
+        })
+        .await;
+        relay.kill();
+    }
+    let relay = CliRelay::spawn(&env, &["--batch-size", "500"]);
+    wait_until("every row processed", Duration::from_secs(60), || async {
+        env.count("processed_at IS NULL").await == 0
+    })
+    .await;
+    let stored = env.stored().await;
+    assert_eq!(assert_unique(&stored).len(), 20_000);
+    assert_eq!(relay.terminate(), Some(0));
+}
+
+#[tokio::test]
+async fn two_relays_share_the_table_without_double_processing() {
+    let env = Env::new().await;
+    // Core NATS sees every publish, including those JetStream would drop as duplicates.
+    let nc = async_nats::connect(env.nats.url()).await.expect("connect");
+    let mut sub = nc.subscribe("outbox.>").await.expect("subscribe");
+    nc.flush().await.expect("flush");
+    env.insert_sql(2_000, "x", "order.created").await;
+    let mut config = env.config();
+    config.batch_size = 100;
+    config.ordering = outbox_relay::Ordering::None;
+    let a = env.spawn(config.clone()).await;
+    let b = env.spawn(config).await;
+    let client = env.client().await;
+    for i in 0..1_000 {
+        client
+            .execute(
+                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', $1, 'order.created', '{}')",
+                &[&format!("live-{i}")],
+            )
+            .await
+            .expect("insert");
+    }
+    let mut seen = std::collections::HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seen.len() < 3_000 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let msg = tokio::time::timeout(left, sub.next())
+            .await
+            .expect("all 3000 events published within 60 s")
+            .expect("subscription open");
+        let id = msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("Outbox-Event-Id"))
+            .expect("id")
+            .to_string();
+        assert!(seen.insert(id.clone()), "event {id} published twice");
+    }
+    a.stop().await;
+    b.stop().await;
+    // Nothing more trickles in after both stopped.
+    assert!(tokio::time::timeout(Duration::from_millis(300), sub.next())
+        .await
+        .is_err());
+    assert_eq!(env.count("processed_at IS NULL").await, 0);
+    assert_eq!(env.stream_len().await, 3_000);
+}
+
+#[tokio::test]
+async fn sigterm_mid_drain_exits_zero_and_leaves_nothing_locked() {
+    let env = Env::new().await;
+    env.insert_sql(30_000, "t", "order.created").await;
+    let relay = CliRelay::spawn(&env, &["--batch-size", "200"]);
+    wait_until("relay makes progress", Duration::from_secs(20), || async {
+        env.stream_len().await > 1_000
+    })
+    .await;
+    assert_eq!(relay.terminate(), Some(0), "graceful exit code");
+    let client = env.client().await;
+    let pending = env.count("processed_at IS NULL").await;
+    // Every pending row can be claimed at once: no lock was left behind.
+    let claimable: i64 = client
+        .query_one(
+            "SELECT count(*) FROM (SELECT id FROM outbox_events WHERE processed_at IS NULL FOR UPDATE SKIP LOCKED) s",
+            &[],
+        )
+        .await
+        .expect("claim all")
+        .get(0);
+    assert_eq!(claimable, pending);
+    // Every row marked processed is in the stream.
+    let processed = env.count("processed_at IS NOT NULL").await;
+    let stored = env.stored().await;
+    assert_eq!(assert_unique(&stored).len() as i64, processed);
+}
