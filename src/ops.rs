@@ -13,6 +13,7 @@ const STATUS: &str = include_str!("../sql/queries/status.sql");
 const DEAD_LETTERS_LIST: &str = include_str!("../sql/queries/dead_letters_list.sql");
 const DEAD_LETTERS_RETRY: &str = include_str!("../sql/queries/dead_letters_retry.sql");
 const DEAD_LETTERS_DISCARD: &str = include_str!("../sql/queries/dead_letters_discard.sql");
+const WAKE: &str = include_str!("../sql/queries/wake.sql");
 const CLEANUP: &str = include_str!("../sql/queries/cleanup.sql");
 
 /// What `outbox-relay status` reports.
@@ -128,6 +129,10 @@ async fn change_dead_letters(
                 missing.join(", ")
             )));
         }
+    }
+    if !changed.is_empty() {
+        // Wake the relays: these rows are claimable now (or released their aggregate).
+        tx.batch_execute(WAKE).await?;
     }
     tx.commit().await?;
     Ok(changed)

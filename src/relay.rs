@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use backoff::backoff::Backoff;
-use backoff::ExponentialBackoff;
+use backoff::ExponentialBackoffBuilder;
 use tokio::time::sleep_until;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -126,12 +126,11 @@ impl Relay {
 
     /// The processor loop: drain, arm, wait for a wake-up, drain again.
     async fn process(&mut self, shutdown: &CancellationToken) -> Result<()> {
-        let mut trouble = ExponentialBackoff {
-            initial_interval: Duration::from_millis(100),
-            max_interval: Duration::from_secs(10),
-            max_elapsed_time: None,
-            ..Default::default()
-        };
+        let mut trouble = ExponentialBackoffBuilder::new()
+            .with_initial_interval(Duration::from_millis(100))
+            .with_max_interval(Duration::from_secs(10))
+            .with_max_elapsed_time(None)
+            .build();
         let mut next_retry: Option<Instant> = None;
         let mut wake_reason = "reconnect";
         loop {
@@ -358,14 +357,13 @@ fn first_failure(outcomes: &[Vec<Outcome>]) -> Option<String> {
 /// Exponential backoff with jitter for the `attempt`-th failure of a row:
 /// about `retry_initial * 2^(attempt-1)`, capped at `retry_max`.
 pub fn retry_delay(config: &RelayConfig, attempt: u32) -> Duration {
-    let mut b = ExponentialBackoff {
-        initial_interval: config.retry_initial,
-        max_interval: config.retry_max,
-        multiplier: 2.0,
-        randomization_factor: 0.25,
-        max_elapsed_time: None,
-        ..Default::default()
-    };
+    let mut b = ExponentialBackoffBuilder::new()
+        .with_initial_interval(config.retry_initial)
+        .with_max_interval(config.retry_max)
+        .with_multiplier(2.0)
+        .with_randomization_factor(0.25)
+        .with_max_elapsed_time(None)
+        .build();
     let mut delay = config.retry_initial;
     for _ in 0..attempt.min(64) {
         delay = b.next_backoff().unwrap_or(config.retry_max);
@@ -379,5 +377,30 @@ impl Relay {
         self.signals
             .listener_connected
             .load(AtomicOrdering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_delay_grows_from_initial_to_max() {
+        let config = RelayConfig {
+            retry_initial: Duration::from_secs(1),
+            retry_max: Duration::from_secs(60),
+            ..RelayConfig::new("postgres://x/y")
+        };
+        let first = retry_delay(&config, 1);
+        assert!(
+            first >= Duration::from_millis(750) && first <= Duration::from_millis(1250),
+            "{first:?}"
+        );
+        let fourth = retry_delay(&config, 4);
+        assert!(
+            fourth >= Duration::from_secs(6) && fourth <= Duration::from_secs(10),
+            "{fourth:?}"
+        );
+        assert!(retry_delay(&config, 40) <= Duration::from_secs(60));
     }
 }

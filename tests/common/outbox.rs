@@ -263,3 +263,86 @@ impl Drop for CliRelay {
         let _ = self.child.wait();
     }
 }
+
+/// One outbox row as written, for ledger checks.
+#[derive(Debug, Clone)]
+pub struct Written {
+    pub id: Uuid,
+    pub seq: i64,
+    pub aggregate: String,
+}
+
+impl Env {
+    /// Every row of the table (the ledger of what was written), in seq order.
+    pub async fn written(&self) -> Vec<Written> {
+        let client = self.client().await;
+        client
+            .query(
+                "SELECT id, seq, aggregate_type || '/' || aggregate_id FROM outbox_events ORDER BY seq",
+                &[],
+            )
+            .await
+            .expect("ledger")
+            .iter()
+            .map(|r| Written {
+                id: r.get(0),
+                seq: r.get(1),
+                aggregate: r.get(2),
+            })
+            .collect()
+    }
+}
+
+/// The guarantees, checked against the ledger: every written event is in the stream exactly once,
+/// nothing else is, and within each aggregate the stream order is the `seq` order.
+pub fn assert_ledger(written: &[Written], stored: &[Stored]) {
+    let ids = assert_unique(stored);
+    let by_id: HashMap<Uuid, &Written> = written.iter().map(|w| (w.id, w)).collect();
+    for id in &ids {
+        assert!(
+            by_id.contains_key(id),
+            "stream holds {id}, which was never written"
+        );
+    }
+    assert_eq!(
+        ids.len(),
+        written.len(),
+        "{} events written, {} in the stream",
+        written.len(),
+        ids.len()
+    );
+    let mut last_seq: HashMap<&str, i64> = HashMap::new();
+    for (m, id) in stored.iter().zip(&ids) {
+        let w = by_id[id];
+        let agg =
+            m.headers["Outbox-Aggregate-Type"].clone() + "/" + &m.headers["Outbox-Aggregate-Id"];
+        assert_eq!(agg, w.aggregate, "aggregate headers of {id}");
+        if let Some(prev) = last_seq.insert(w.aggregate.as_str(), w.seq) {
+            assert!(
+                prev < w.seq,
+                "aggregate {} out of order: seq {} stored after seq {prev} (stream seq {})",
+                w.aggregate,
+                w.seq,
+                m.seq
+            );
+        }
+    }
+}
+
+impl Env {
+    /// `aggregates` x `per_aggregate` events, one row per transaction, aggregates interleaved
+    /// round-robin (seq order is the write order within each aggregate).
+    pub async fn insert_interleaved(&self, aggregates: usize, per_aggregate: usize) {
+        let client = self.client().await;
+        client
+            .execute(
+                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+                 SELECT 'order', 'agg-' || a, 'order.step', jsonb_build_object('step', s, 'agg', a)
+                 FROM generate_series(1, $2::int) s, generate_series(1, $1::int) a
+                 ORDER BY s, a",
+                &[&(aggregates as i32), &(per_aggregate as i32)],
+            )
+            .await
+            .expect("insert interleaved");
+    }
+}
