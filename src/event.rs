@@ -154,6 +154,11 @@ fn validate_headers(headers: &BTreeMap<String, String>) -> Result<()> {
                 "header {name:?} is set by the relay and cannot be overridden"
             )));
         }
+        if lower == "traceparent" && !is_traceparent(value) {
+            return Err(Error::InvalidEvent(format!(
+                "traceparent {value:?} is not a W3C trace context (00-<32 hex>-<16 hex>-<2 hex>)"
+            )));
+        }
         if value.contains(['\r', '\n']) {
             return Err(Error::InvalidEvent(format!(
                 "header {name:?} has a line break in its value"
@@ -161,6 +166,24 @@ fn validate_headers(headers: &BTreeMap<String, String>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `version-traceid-parentid-flags`, lowercase hex, as in the W3C Trace Context spec.
+fn is_traceparent(v: &str) -> bool {
+    let parts: Vec<&str> = v.split('-').collect();
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    parts.len() >= 4
+        && hex(parts[0], 2)
+        && parts[0] != "ff"
+        && hex(parts[1], 32)
+        && parts[1].bytes().any(|b| b != b'0')
+        && hex(parts[2], 16)
+        && parts[2].bytes().any(|b| b != b'0')
+        && hex(parts[3], 2)
 }
 
 #[cfg(test)]

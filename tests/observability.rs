@@ -1,0 +1,226 @@
+//! Metrics, health endpoints and trace propagation.
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::outbox::Env;
+use common::wait_until;
+use outbox_relay::{enqueue, NewEvent};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn free_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
+}
+
+/// A minimal HTTP/1.0 GET: (status code, body).
+async fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut buf = String::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    let code = buf.split_whitespace().nth(1)?.parse().ok()?;
+    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+    Some((code, body))
+}
+
+/// Sample lines `name{labels} value` summed by metric name (labels dropped).
+fn samples(text: &str) -> HashMap<String, f64> {
+    let mut out = HashMap::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (name_labels, value) = line.rsplit_once(' ').expect("sample line");
+        let name = name_labels.split('{').next().expect("name").to_string();
+        *out.entry(name).or_insert(0.0) += value.parse::<f64>().expect("value");
+    }
+    out
+}
+
+fn sample_with(text: &str, name: &str, label: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(label))
+        .map(|l| {
+            l.rsplit_once(' ')
+                .expect("sample")
+                .1
+                .parse::<f64>()
+                .expect("value")
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn metrics_match_the_database_during_and_after_a_drain() {
+    let env = Env::new().await;
+    env.insert_sql(5_000, "m", "order.created").await;
+    let client = env.client().await;
+    client
+        .execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'bad', 'bad subject', '{}')",
+            &[],
+        )
+        .await
+        .expect("poison");
+    let addr = free_addr();
+    let mut config = env.config();
+    config.metrics_addr = Some(addr);
+    config.stats_interval = Duration::from_millis(100);
+    config.batch_size = 100;
+    let relay = env.spawn(config).await;
+
+    // During the drain: the endpoint answers and counters only grow.
+    let mut last = 0.0;
+    let mut scrapes_during = 0;
+    while env
+        .count("processed_at IS NULL AND dead_lettered_at IS NULL")
+        .await
+        > 0
+    {
+        if let Some((200, body)) = get(addr, "/metrics").await {
+            let published = samples(&body)
+                .get("outbox_events_published_total")
+                .copied()
+                .unwrap_or(0.0);
+            assert!(
+                published >= last,
+                "counter went down: {last} -> {published}"
+            );
+            last = published;
+            scrapes_during += 1;
+        }
+    }
+    assert!(scrapes_during > 0, "no scrape during the drain");
+
+    wait_until(
+        "gauges refreshed after the drain",
+        Duration::from_secs(10),
+        || async {
+            let Some((200, body)) = get(addr, "/metrics").await else {
+                return false;
+            };
+            let s = samples(&body);
+            s.get("outbox_events_pending") == Some(&0.0)
+                && s.get("outbox_dead_letters") == Some(&1.0)
+        },
+    )
+    .await;
+    let (_, body) = get(addr, "/metrics").await.expect("scrape");
+    let s = samples(&body);
+    let processed = env.count("processed_at IS NOT NULL").await as f64;
+    assert_eq!(processed, 5_000.0);
+    assert_eq!(
+        s["outbox_events_published_total"], processed,
+        "published == processed rows"
+    );
+    assert_eq!(
+        sample_with(
+            &body,
+            "outbox_events_published_total",
+            "event_type=\"order.created\""
+        ),
+        processed
+    );
+    assert_eq!(s["outbox_events_dead_lettered_total"], 1.0);
+    assert_eq!(
+        sample_with(&body, "outbox_events_failed_total", "reason=\"rejected\""),
+        1.0
+    );
+    assert_eq!(s["outbox_oldest_pending_age_seconds"], 0.0);
+    assert_eq!(s["outbox_listener_connected"], 1.0);
+    assert_eq!(s["outbox_broker_connected"], 1.0);
+    assert!(s["outbox_batch_duration_seconds_count"] >= 50.0);
+    assert_eq!(s["outbox_commit_to_publish_seconds_count"], processed);
+    assert!(sample_with(&body, "outbox_wakeups_total", "reason=\"backlog\"") > 0.0);
+    assert!(body.contains("outbox_relay_build_info"), "build info");
+
+    // A notification is counted as such.
+    let before = sample_with(&body, "outbox_wakeups_total", "reason=\"notify\"");
+    env.insert_sql(1, "n", "order.created").await;
+    env.wait_stream_len(5_001, Duration::from_secs(10)).await;
+    let (_, body) = get(addr, "/metrics").await.expect("scrape");
+    assert!(sample_with(&body, "outbox_wakeups_total", "reason=\"notify\"") > before);
+    relay.stop().await;
+}
+
+#[tokio::test]
+async fn readyz_follows_the_broker() {
+    let mut env = Env::new().await;
+    let addr = free_addr();
+    let mut config = env.config();
+    config.metrics_addr = Some(addr);
+    config.stats_interval = Duration::from_millis(100);
+    let relay = env.spawn(config).await;
+    wait_until("ready", Duration::from_secs(10), || async {
+        matches!(get(addr, "/readyz").await, Some((200, _)))
+    })
+    .await;
+    assert_eq!(get(addr, "/healthz").await.map(|r| r.0), Some(200));
+
+    env.nats.kill();
+    wait_until(
+        "not ready while NATS is down",
+        Duration::from_secs(15),
+        || async {
+            match get(addr, "/readyz").await {
+                Some((503, body)) => {
+                    let v: serde_json::Value = serde_json::from_str(&body).expect("json reason");
+                    v["broker"] == false && v["database"] == true
+                }
+                _ => false,
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        get(addr, "/healthz").await.map(|r| r.0),
+        Some(200),
+        "alive all the same"
+    );
+
+    env.nats.start_again();
+    wait_until("ready again", Duration::from_secs(30), || async {
+        matches!(get(addr, "/readyz").await, Some((200, _)))
+    })
+    .await;
+    relay.stop().await;
+}
+
+#[tokio::test]
+async fn traceparent_given_at_enqueue_arrives_as_a_header() {
+    let env = Env::new().await;
+    let relay = env.spawn(env.config()).await;
+    let mut client = env.client().await;
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let tx = client.transaction().await.expect("tx");
+    let id = enqueue(
+        &tx,
+        &NewEvent::new(
+            "order",
+            "t-1",
+            "order.created",
+            &serde_json::json!({"x": 1}),
+        )
+        .expect("event")
+        .with_traceparent(tp)
+        .with_header("tracestate", "vendor=abc"),
+    )
+    .await
+    .expect("enqueue");
+    tx.commit().await.expect("commit");
+    env.wait_stream_len(1, Duration::from_secs(10)).await;
+    let stored = env.stored().await;
+    assert_eq!(stored[0].event_id(), id);
+    assert_eq!(stored[0].headers["traceparent"], tp);
+    assert_eq!(stored[0].headers["tracestate"], "vendor=abc");
+    relay.stop().await;
+}
