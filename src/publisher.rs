@@ -96,23 +96,76 @@ pub async fn connect(config: &RelayConfig) -> Result<async_nats::Client> {
     if let (Some(cert), Some(key)) = (&config.nats_tls_cert, &config.nats_tls_key) {
         options = options.add_client_certificate(cert.clone(), key.clone());
     }
-    options
-        .connect(config.nats_url.as_str())
-        .await
-        .map_err(|e| {
-            use async_nats::ConnectErrorKind as K;
-            let what = match e.kind() {
-                K::Authentication | K::AuthorizationViolation => "authentication failed",
-                K::TimedOut => "timed out",
-                K::Tls => "TLS setup failed",
-                _ => "cannot connect",
-            };
-            Error::NatsConnect(format!(
-                "{what} ({}): {}",
-                crate::db::redact(&config.nats_url),
-                crate::db::redact(&e.to_string())
-            ))
-        })
+    // Credentials travel in the options, not the URL: the client logs server URLs at debug level.
+    let (servers, credentials) = split_credentials(&config.nats_url)?;
+    match credentials {
+        Some(Credentials::UserPassword(user, password)) => {
+            options = options.user_and_password(user, password);
+        }
+        Some(Credentials::Token(token)) => options = options.token(token),
+        None => {}
+    }
+    options.connect(servers.as_slice()).await.map_err(|e| {
+        use async_nats::ConnectErrorKind as K;
+        let what = match e.kind() {
+            K::Authentication | K::AuthorizationViolation => "authentication failed",
+            K::TimedOut => "timed out",
+            K::Tls => "TLS setup failed",
+            _ => "cannot connect",
+        };
+        Error::NatsConnect(format!(
+            "{what} ({}): {}",
+            crate::db::redact(&config.nats_url),
+            crate::db::redact(&e.to_string())
+        ))
+    })
+}
+
+enum Credentials {
+    UserPassword(String, String),
+    Token(String),
+}
+
+/// Splits `nats://user:pass@host:4222,nats://host2:4222` into plain server URLs and the first
+/// credentials found (`user:password`, or a lone user part, which NATS treats as a token).
+fn split_credentials(urls: &str) -> Result<(Vec<url::Url>, Option<Credentials>)> {
+    let mut servers = Vec::new();
+    let mut credentials = None;
+    for raw in urls.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let with_scheme = if raw.contains("://") {
+            raw.to_string()
+        } else {
+            format!("nats://{raw}")
+        };
+        let mut url = url::Url::parse(&with_scheme).map_err(|e| {
+            Error::config(
+                "nats_url",
+                format!("cannot parse {}: {e}", crate::db::redact(raw)),
+            )
+        })?;
+        let user = percent_decode(url.username());
+        let password = url.password().map(percent_decode);
+        if credentials.is_none() && !user.is_empty() {
+            credentials = Some(match password {
+                Some(p) => Credentials::UserPassword(user, p),
+                None => Credentials::Token(user),
+            });
+        }
+        // Infallible for URLs with a host, which a parsed nats:// URL has.
+        let _ = url.set_username("");
+        let _ = url.set_password(None);
+        servers.push(url);
+    }
+    if servers.is_empty() {
+        return Err(Error::config("nats_url", "no server given"));
+    }
+    Ok((servers, credentials))
+}
+
+fn percent_decode(s: &str) -> String {
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 impl Publisher {
@@ -295,4 +348,23 @@ fn headers(event: &OutboxEvent) -> async_nats::HeaderMap {
             .as_str(),
     );
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_move_out_of_the_url() {
+        let (servers, creds) =
+            split_credentials("nats://u:p%40ss@a:4222, nats://b:4223").expect("parse");
+        assert_eq!(servers[0].as_str(), "nats://a:4222");
+        assert_eq!(servers[1].as_str(), "nats://b:4223");
+        assert!(matches!(creds, Some(Credentials::UserPassword(u, p)) if u == "u" && p == "p@ss"));
+        let (_, creds) = split_credentials("tok3n@localhost:4222").expect("parse");
+        assert!(matches!(creds, Some(Credentials::Token(t)) if t == "tok3n"));
+        let (_, creds) = split_credentials("nats://127.0.0.1:4222").expect("parse");
+        assert!(creds.is_none());
+        assert!(split_credentials(" , ").is_err());
+    }
 }
