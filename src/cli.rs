@@ -17,6 +17,10 @@ pub struct Cli {
     /// PostgreSQL URL of the database holding outbox_events.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub database_url: Option<String>,
+    /// PostgreSQL schema holding the outbox objects (default: the connection's search_path,
+    /// normally `public`). Writers must have it in their search_path too.
+    #[arg(long, env = "OUTBOX_SCHEMA", global = true)]
+    pub schema: Option<String>,
     /// Log format.
     #[arg(
         long,
@@ -43,6 +47,12 @@ pub enum Command {
         /// Print the SQL instead of applying it (for your own migration tool).
         #[arg(long)]
         print: bool,
+        /// Grant ROLE what writers need (INSERT into the outbox), after migrating.
+        #[arg(long, value_name = "ROLE")]
+        grant_writer: Vec<String>,
+        /// Grant ROLE what the relay and the operator commands need, after migrating.
+        #[arg(long, value_name = "ROLE")]
+        grant_relay: Vec<String>,
     },
     /// Run the relay until SIGTERM/SIGINT.
     Run(Box<RunArgs>),

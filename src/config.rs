@@ -38,6 +38,9 @@ pub struct RelayConfig {
     /// A separate URL for the LISTEN connection (for example direct to PostgreSQL when
     /// `database_url` goes through PgBouncer in transaction mode). Defaults to `database_url`.
     pub listen_database_url: Option<String>,
+    /// PostgreSQL schema holding the outbox objects (`None`: the connection's search_path,
+    /// normally `public`).
+    pub schema: Option<String>,
     pub nats_url: String,
     /// NATS credentials: a JWT + NKey `.creds` file, or an NKey seed file.
     pub nats_creds: Option<PathBuf>,
@@ -78,6 +81,7 @@ impl Default for RelayConfig {
         RelayConfig {
             database_url: String::new(),
             listen_database_url: None,
+            schema: None,
             nats_url: "nats://127.0.0.1:4222".into(),
             nats_creds: None,
             nats_nkey: None,
@@ -122,6 +126,9 @@ impl RelayConfig {
         crate::db::parse_config(&self.database_url, "database_url")?;
         if let Some(url) = &self.listen_database_url {
             crate::db::parse_config(url, "listen_database_url")?;
+        }
+        if let Some(schema) = &self.schema {
+            crate::db::validate_schema(schema)?;
         }
         if self.nats_url.trim().is_empty() {
             return Err(Error::config("nats_url", "is required"));
@@ -180,11 +187,12 @@ impl RelayConfig {
     pub fn redacted(&self) -> String {
         let redact = crate::db::redact;
         format!(
-            "database_url={} listen_database_url={} nats_url={} stream={} create_stream={} subject_prefix={} \
+            "database_url={} listen_database_url={} schema={} nats_url={} stream={} create_stream={} subject_prefix={} \
              fallback_interval={} batch_size={} max_attempts={} publish_timeout={} retry_initial={} \
              retry_max={} ordering={:?} notify_mode={:?} retention={} metrics_addr={} nats_creds={} nats_nkey={}",
             redact(&self.database_url),
             self.listen_database_url.as_deref().map(redact).unwrap_or_else(|| "-".into()),
+            self.schema.as_deref().unwrap_or("-"),
             redact(&self.nats_url),
             self.stream,
             self.create_stream,
@@ -202,6 +210,21 @@ impl RelayConfig {
             self.nats_creds.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "-".into()),
             self.nats_nkey.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "-".into()),
         )
+    }
+
+    /// Database URLs with the schema applied (see [`crate::db::with_schema`]).
+    pub(crate) fn resolved_urls(&self) -> Result<(String, String)> {
+        let listen = self
+            .listen_database_url
+            .clone()
+            .unwrap_or_else(|| self.database_url.clone());
+        match &self.schema {
+            Some(schema) => Ok((
+                crate::db::with_schema(&self.database_url, schema)?,
+                crate::db::with_schema(&listen, schema)?,
+            )),
+            None => Ok((self.database_url.clone(), listen)),
+        }
     }
 
     /// Longest gap between two publishes of one row: JetStream deduplicates only inside the

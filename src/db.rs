@@ -43,6 +43,41 @@ pub(crate) fn prepare(config: &mut Config, application_name: &str) {
     config.keepalives_retries(3);
 }
 
+/// Checks a `--schema` name: plain lowercase identifiers only, so it can go into `search_path`
+/// and connection options without quoting.
+pub fn validate_schema(schema: &str) -> Result<()> {
+    let mut chars = schema.chars();
+    let ok = matches!(chars.next(), Some(c) if c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && schema.len() <= 63;
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::config(
+            "schema",
+            format!("{schema:?} is not a plain lowercase identifier (a-z, 0-9, _)"),
+        ))
+    }
+}
+
+/// The URL with `search_path` set to `schema`, so that every statement of every connection made
+/// from it finds the outbox objects there.
+pub fn with_schema(url: &str, schema: &str) -> Result<String> {
+    validate_schema(schema)?;
+    if url.contains("options=") {
+        return Err(Error::config(
+            "schema",
+            "the database URL already sets `options`; put search_path there instead of --schema",
+        ));
+    }
+    if url.contains("://") {
+        let sep = if url.contains('?') { '&' } else { '?' };
+        Ok(format!("{url}{sep}options=-c%20search_path%3D{schema}"))
+    } else {
+        Ok(format!("{url} options='-c search_path={schema}'"))
+    }
+}
+
 /// A URL or message with any password replaced by `***`, for logs and errors.
 pub fn redact(text: &str) -> String {
     let mut out = String::with_capacity(text.len());

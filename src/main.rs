@@ -64,9 +64,13 @@ fn init_logging(format: LogFormat) {
     }
 }
 
+/// The database URL, with `--schema` applied.
 fn database_url(cli: &Cli) -> Result<String, Error> {
     match cli.database_url.as_deref().map(str::trim) {
-        Some(url) if !url.is_empty() => Ok(url.to_string()),
+        Some(url) if !url.is_empty() => match &cli.schema {
+            Some(schema) => db::with_schema(url, schema),
+            None => Ok(url.to_string()),
+        },
         _ => Err(Error::Config {
             field: "database_url",
             message: "is required (or set DATABASE_URL)".into(),
@@ -76,14 +80,32 @@ fn database_url(cli: &Cli) -> Result<String, Error> {
 
 async fn execute(cli: Cli) -> Result<(), Error> {
     match &cli.command {
-        Command::Migrate { print: true } => {
-            print!("{}", migrate::script());
+        Command::Migrate { print: true, .. } => {
+            if let Some(schema) = &cli.schema {
+                db::validate_schema(schema)?;
+            }
+            print!("{}", migrate::script(cli.schema.as_deref()));
             Ok(())
         }
-        Command::Migrate { print: false } => {
+        Command::Migrate {
+            print: false,
+            grant_writer,
+            grant_relay,
+        } => {
             let url = database_url(&cli)?;
             let mut client = db::connect(&url, "outbox-relay-migrate").await?;
+            if let Some(schema) = &cli.schema {
+                migrate::create_schema(&client, schema).await?;
+            }
             let applied = migrate::migrate(&mut client).await?;
+            for role in grant_writer {
+                migrate::grant(&client, role, migrate::Grantee::Writer).await?;
+                println!("granted writer privileges to {role}");
+            }
+            for role in grant_relay {
+                migrate::grant(&client, role, migrate::Grantee::Relay).await?;
+                println!("granted relay privileges to {role}");
+            }
             if applied.is_empty() {
                 println!(
                     "schema is up to date (version {})",
@@ -97,7 +119,7 @@ async fn execute(cli: Cli) -> Result<(), Error> {
             }
             Ok(())
         }
-        Command::Run(args) => run(database_url(&cli)?, args).await,
+        Command::Run(args) => run(database_url(&cli)?, cli.schema.clone(), args).await,
         Command::Status { json } => {
             let client = connect_checked(&database_url(&cli)?).await?;
             let s = ops::status(&client).await?;
@@ -183,10 +205,15 @@ async fn dead_letters(
     }
 }
 
-async fn run(database_url: String, args: &RunArgs) -> Result<(), Error> {
+async fn run(database_url: String, schema: Option<String>, args: &RunArgs) -> Result<(), Error> {
+    // `database_url` already carries the schema; the listen URL gets it through the config.
+    let listen_database_url = match (&args.listen_database_url, &schema) {
+        (Some(url), Some(schema)) => Some(db::with_schema(url, schema)?),
+        (url, _) => url.clone(),
+    };
     let config = RelayConfig {
         database_url,
-        listen_database_url: args.listen_database_url.clone(),
+        listen_database_url,
         nats_url: args.nats_url.clone(),
         nats_creds: args.nats_creds.clone(),
         nats_nkey: args.nats_nkey.clone(),

@@ -29,6 +29,38 @@ const APPLIED: &str = include_str!("../sql/queries/migrate_applied.sql");
 const RECORD: &str = include_str!("../sql/queries/migrate_record.sql");
 const SCHEMA_VERSION: &str = include_str!("../sql/queries/schema_version.sql");
 const SCHEMA_EXISTS: &str = include_str!("../sql/queries/schema_exists.sql");
+const CREATE_SCHEMA: &str = include_str!("../sql/queries/create_schema.sql");
+const GRANT_WRITER: &str = include_str!("../sql/queries/grant_writer.sql");
+const GRANT_RELAY: &str = include_str!("../sql/queries/grant_relay.sql");
+
+/// Creates `schema` if it does not exist (for `--schema`; the connection's search_path must name it).
+pub async fn create_schema(client: &Client, schema: &str) -> Result<()> {
+    let stmt: String = client.query_one(CREATE_SCHEMA, &[&schema]).await?.get(0);
+    client.batch_execute(&stmt).await?;
+    Ok(())
+}
+
+/// Who gets which privileges (see `sql/queries/grant_*.sql`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grantee {
+    /// INSERT into the outbox (applications calling `enqueue`), plus `processed_events`.
+    Writer,
+    /// SELECT/UPDATE/DELETE on the outbox: the relay and the operator commands.
+    Relay,
+}
+
+/// Grants `role` the least privileges its job needs, in the connection's current schema.
+pub async fn grant(client: &Client, role: &str, grantee: Grantee) -> Result<()> {
+    let sql = match grantee {
+        Grantee::Writer => GRANT_WRITER,
+        Grantee::Relay => GRANT_RELAY,
+    };
+    for row in client.query(sql, &[&role]).await? {
+        let stmt: String = row.get(0);
+        client.batch_execute(&stmt).await?;
+    }
+    Ok(())
+}
 
 /// Applies the missing migrations in one transaction, under an advisory lock so that two `migrate`
 /// runs at once apply each version once. Returns the versions applied now (empty: up to date).
@@ -53,8 +85,13 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>> {
 }
 
 /// The whole migration as one script, for users who apply migrations with their own tool.
-pub fn script() -> String {
+pub fn script(schema: Option<&str>) -> String {
     let mut out = String::from("-- outbox-relay schema; apply in one transaction.\nBEGIN;\n");
+    if let Some(schema) = schema {
+        out.push_str(&format!(
+            "CREATE SCHEMA IF NOT EXISTS \"{schema}\";\nSET LOCAL search_path TO \"{schema}\";\n"
+        ));
+    }
     out.push_str(PREPARE);
     for m in MIGRATIONS {
         out.push_str(&format!(

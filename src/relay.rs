@@ -47,8 +47,12 @@ impl Relay {
     }
 
     /// Like [`Relay::new`], recording into the given metrics (so an application can serve them).
-    pub async fn with_metrics(config: RelayConfig, metrics: Arc<Metrics>) -> Result<Relay> {
+    pub async fn with_metrics(mut config: RelayConfig, metrics: Arc<Metrics>) -> Result<Relay> {
         config.validate()?;
+        let (database_url, listen_url) = config.resolved_urls()?;
+        config.database_url = database_url;
+        config.listen_database_url = Some(listen_url);
+        config.schema = None; // applied to the URLs
         let client = crate::db::connect(&config.database_url, "outbox-relay").await?;
         crate::migrate::check_schema(&client).await?;
         drop(client);
