@@ -3,24 +3,52 @@
 
 use std::time::Duration;
 
-use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres::tls::MakeTlsConnect;
+use tokio_postgres::{Client, Config};
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+use crate::tls::TlsSettings;
 
 use crate::error::{Error, Result};
 
-/// Parses a libpq URL or key=value string; the error names `field`, never the password.
+/// A connection as tokio-postgres hands it out: drive it (or read its notifications).
+pub type Connection = tokio_postgres::Connection<
+    tokio_postgres::Socket,
+    <MakeRustlsConnect as MakeTlsConnect<tokio_postgres::Socket>>::Stream,
+>;
+
+/// Parses a libpq URL or key=value string (with `sslmode`/`sslrootcert` as libpq reads them); the
+/// error names `field`, never the password.
 pub fn parse_config(url: &str, field: &'static str) -> Result<Config> {
-    url.parse::<Config>().map_err(|e| {
-        let msg = redact(&e.to_string());
-        Error::config(field, format!("cannot parse database URL: {msg}"))
-    })
+    parse(url, field).map(|(config, _)| config)
 }
 
-/// Connects with keepalives (a half-open connection is noticed) and a connect timeout, and drives
-/// the connection on a task of its own.
-pub async fn connect(url: &str, application_name: &str) -> Result<Client> {
-    let mut config = parse_config(url, "database_url")?;
+fn parse(url: &str, field: &'static str) -> Result<(Config, TlsSettings)> {
+    let (rest, tls) = crate::tls::split(url, field)?;
+    let mut config = rest.parse::<Config>().map_err(|e| {
+        let msg = redact(&e.to_string());
+        Error::config(field, format!("cannot parse database URL: {msg}"))
+    })?;
+    config.ssl_mode(tls.ssl_mode());
+    Ok((config, tls))
+}
+
+/// Connects with TLS as the URL asks, keepalives (a half-open connection is noticed) and a connect
+/// timeout, and returns the connection for the caller to drive.
+pub async fn connect_raw(
+    url: &str,
+    field: &'static str,
+    application_name: &str,
+) -> Result<(Client, Connection)> {
+    let (mut config, tls) = parse(url, field)?;
     prepare(&mut config, application_name);
-    let (client, connection) = config.connect(NoTls).await?;
+    let connector = MakeRustlsConnect::new(tls.client_config(field)?);
+    Ok(config.connect(connector).await?)
+}
+
+/// [`connect_raw`], with the connection driven on a task of its own.
+pub async fn connect(url: &str, application_name: &str) -> Result<Client> {
+    let (client, connection) = connect_raw(url, "database_url", application_name).await?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "database connection closed");
@@ -30,7 +58,7 @@ pub async fn connect(url: &str, application_name: &str) -> Result<Client> {
 }
 
 /// Settings every connection of the relay gets.
-pub(crate) fn prepare(config: &mut Config, application_name: &str) {
+fn prepare(config: &mut Config, application_name: &str) {
     if config.get_application_name().is_none() {
         config.application_name(application_name);
     }

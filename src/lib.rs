@@ -17,7 +17,7 @@
 //! - `listener` (private): LISTEN/NOTIFY, reconnects, arming of the notify trigger.
 //! - [`ops`]: status, dead letters, cleanup (the operator CLI and the relay's periodic tasks).
 //! - [`metrics`]: Prometheus metrics; `http` serves them with health endpoints.
-//! - [`db`]: connections and secret redaction.
+//! - [`db`]: connections and secret redaction; [`tls`]: libpq `sslmode` over rustls.
 //!
 //! See docs/ARCHITECTURE.md for how the pieces fit.
 
@@ -35,6 +35,7 @@ pub mod ops;
 pub mod publisher;
 pub mod relay;
 mod store;
+pub mod tls;
 pub mod writer;
 
 pub use config::{NotifyMode, Ordering, RelayConfig};

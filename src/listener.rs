@@ -9,7 +9,7 @@ use std::time::Duration;
 use backoff::backoff::Backoff;
 use futures::StreamExt;
 use tokio::sync::Notify;
-use tokio_postgres::{AsyncMessage, Client, NoTls};
+use tokio_postgres::{AsyncMessage, Client};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::NotifyMode;
@@ -130,9 +130,9 @@ impl Listener {
     /// Connects and LISTENs. The connection is driven by its own task, which reads notifications
     /// continuously (also while a batch runs) and wakes the processor directly.
     async fn connect(&self) -> Result<(Client, tokio::sync::oneshot::Receiver<String>)> {
-        let mut config = crate::db::parse_config(&self.url, "listen_database_url")?;
-        crate::db::prepare(&mut config, "outbox-relay-listener");
-        let (client, mut connection) = config.connect(NoTls).await?;
+        let (client, mut connection) =
+            crate::db::connect_raw(&self.url, "listen_database_url", "outbox-relay-listener")
+                .await?;
         let (closed_tx, closed_rx) = tokio::sync::oneshot::channel();
         let signals = self.signals.clone();
         tokio::spawn(async move {

@@ -25,7 +25,7 @@ pub struct FailedLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
-    /// notify / fallback / backlog / reconnect
+    /// notify / fallback / backlog / reconnect / armed (the catch-up poll after arming)
     pub reason: &'static str,
 }
 
@@ -120,12 +120,12 @@ impl Metrics {
         );
         registry.register(
             "outbox_wakeups",
-            "Wake-ups of the batch processor, by reason (notify, fallback, backlog, reconnect)",
+            "Wake-ups of the batch processor, by reason (notify, fallback, backlog, reconnect, armed)",
             m.wakeups.clone(),
         );
         registry.register(
             "outbox_listener_connected",
-            "1 while the LISTEN connection is up",
+            "1 while the LISTEN connection is up (always 1 with --notify-mode poll, which has none)",
             m.listener_connected.clone(),
         );
         registry.register(

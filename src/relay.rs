@@ -77,7 +77,10 @@ impl Relay {
     pub async fn run(mut self, shutdown: CancellationToken) -> Result<()> {
         let tasks = CancellationToken::new();
         let mut handles = Vec::new();
-        if self.config.notify_mode != NotifyMode::Poll {
+        if self.config.notify_mode == NotifyMode::Poll {
+            // Nothing to be disconnected: keep the "listener disconnected" alert quiet.
+            self.metrics.listener_connected.set(1);
+        } else {
             let listener = Listener {
                 url: self
                     .config
