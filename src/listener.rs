@@ -197,6 +197,9 @@ impl Listener {
                     client.batch_execute(DISARM).await?;
                     armed = false;
                     rearm = None;
+                    // The permit may be older than this arming; either way the processor must
+                    // drain and ask to arm again, or writers would stop notifying for good.
+                    self.signals.wake(reason::NOTIFY);
                 }
                 _ = ping.tick() => {
                     match tokio::time::timeout(PING_TIMEOUT, client.simple_query(PING)).await {
