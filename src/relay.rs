@@ -19,6 +19,10 @@ use crate::metrics::{EventTypeLabel, FailedLabels, Metrics};
 use crate::publisher::{FailureKind, Outcome, Publisher};
 use crate::store::{Failure, Store};
 
+/// After a batch that found rows, poll again after this pause rather than arming for notifications
+/// at once; the relay arms only after a poll comes back empty.
+const LINGER: Duration = Duration::from_millis(2);
+
 /// A relay from the outbox table to JetStream. Build it with [`Relay::new`], then
 /// [`Relay::run`] it until its shutdown token is cancelled.
 pub struct Relay {
@@ -155,10 +159,19 @@ impl Relay {
                             let at = Instant::now() + d;
                             next_retry = Some(next_retry.map_or(at, |n| n.min(at)));
                         }
-                        if report.claimed < self.config.batch_size {
-                            break;
+                        if report.claimed == 0 {
+                            break; // idle: arm and wait
                         }
                         wake_reason = "backlog";
+                        if report.claimed < self.config.batch_size {
+                            // Rows are still arriving. Poll again shortly instead of arming:
+                            // arming makes every writer notify (and serialise its commit) until
+                            // the relay wakes, which under steady load would be most of the time.
+                            tokio::select! {
+                                _ = shutdown.cancelled() => return Ok(()),
+                                _ = tokio::time::sleep(LINGER) => {}
+                            }
+                        }
                     }
                     Err(e) => {
                         let delay = trouble.next_backoff().unwrap_or(Duration::from_secs(10));
