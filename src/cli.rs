@@ -151,7 +151,7 @@ pub struct RunArgs {
     /// Poll this often even without notifications.
     #[arg(long, env = "OUTBOX_FALLBACK_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
     pub fallback_interval: Duration,
-    #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 200)]
+    #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 1000)]
     pub batch_size: usize,
     #[arg(long, env = "OUTBOX_MAX_ATTEMPTS", default_value_t = 10)]
     pub max_attempts: u32,

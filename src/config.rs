@@ -92,7 +92,7 @@ impl Default for RelayConfig {
             create_stream: false,
             subject_prefix: "outbox".into(),
             fallback_interval: Duration::from_secs(5),
-            batch_size: 200,
+            batch_size: 1000,
             max_attempts: 10,
             publish_timeout: Duration::from_secs(5),
             retry_initial: Duration::from_secs(1),

@@ -16,6 +16,7 @@ const CLAIM_FOLLOWERS: &str = include_str!("../sql/queries/claim_followers.sql")
 const CLAIM_UNORDERED: &str = include_str!("../sql/queries/claim_unordered.sql");
 const MARK_PUBLISHED: &str = include_str!("../sql/queries/mark_published.sql");
 const RECORD_FAILURES: &str = include_str!("../sql/queries/record_failures.sql");
+const WORKER_SESSION: &str = include_str!("../sql/queries/worker_session.sql");
 
 struct Statements {
     claim_heads: Statement,
@@ -72,6 +73,7 @@ impl Store {
         if !self.is_connected() {
             self.conn = None;
             let client = crate::db::connect(&self.url, "outbox-relay").await?;
+            client.batch_execute(WORKER_SESSION).await?;
             let statements = Statements {
                 claim_heads: client.prepare(CLAIM_HEADS).await?,
                 claim_followers: client.prepare(CLAIM_FOLLOWERS).await?,
