@@ -20,6 +20,10 @@ pub enum Error {
     /// PostgreSQL failed or could not be reached.
     #[error("database error: {}", describe_db_error(.0))]
     Database(#[from] tokio_postgres::Error),
+    /// PostgreSQL failed or could not be reached through sqlx (the `sqlx` feature's writer). The
+    /// variant exists without the feature too, so that enabling it never changes this enum.
+    #[error("database error: {message}")]
+    Sqlx { message: String, retryable: bool },
     /// NATS could not be reached or refused the connection.
     #[error("NATS connection failed: {0}")]
     NatsConnect(String),
@@ -53,6 +57,7 @@ impl Error {
             Error::Database(e) => is_transient_db_error(e),
             Error::NatsConnect(_) | Error::BrokerUnavailable(_) | Error::Timeout(..) => true,
             Error::Io(_) => true,
+            Error::Sqlx { retryable, .. } => *retryable,
             Error::Config { .. }
             | Error::InvalidEvent(_)
             | Error::SchemaMissing { .. }

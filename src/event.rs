@@ -60,7 +60,8 @@ impl NewEvent {
         validate_name("aggregate_type", &self.aggregate_type, MAX_AGGREGATE_LEN)?;
         validate_name("aggregate_id", &self.aggregate_id, MAX_AGGREGATE_LEN)?;
         validate_event_type(&self.event_type)?;
-        validate_headers(&self.headers)
+        validate_headers(&self.headers)?;
+        validate_payload(&self.payload)
     }
 }
 
@@ -106,6 +107,29 @@ fn validate_name(field: &str, value: &str, max: usize) -> Result<()> {
             "{field} contains a control character (it is sent as a NATS header)"
         )));
     }
+    if value.trim() != value {
+        return Err(Error::InvalidEvent(format!(
+            "{field} has leading or trailing whitespace (NATS header values are trimmed on receipt)"
+        )));
+    }
+    Ok(())
+}
+
+/// PostgreSQL's jsonb cannot store `\u0000`; refuse it here instead of aborting the transaction.
+fn validate_payload(payload: &serde_json::Value) -> Result<()> {
+    fn has_nul(v: &serde_json::Value) -> bool {
+        match v {
+            serde_json::Value::String(s) => s.contains('\0'),
+            serde_json::Value::Array(a) => a.iter().any(has_nul),
+            serde_json::Value::Object(o) => o.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
+            _ => false,
+        }
+    }
+    if has_nul(payload) {
+        return Err(Error::InvalidEvent(
+            "payload contains a NUL character, which PostgreSQL's jsonb cannot store".into(),
+        ));
+    }
     Ok(())
 }
 
@@ -149,9 +173,10 @@ fn validate_headers(headers: &BTreeMap<String, String>) -> Result<()> {
             )));
         }
         let lower = name.to_ascii_lowercase();
-        if lower == "nats-msg-id" || lower.starts_with("outbox-") {
+        if lower.starts_with("nats-") || lower.starts_with("outbox-") {
+            // Nats-* are JetStream controls (Msg-Id, Expected-*, Rollup...): never from an event.
             return Err(Error::InvalidEvent(format!(
-                "header {name:?} is set by the relay and cannot be overridden"
+                "header {name:?} is reserved (Nats-* and Outbox-* are set by the relay)"
             )));
         }
         if lower == "traceparent" && !is_traceparent(value) {
@@ -159,9 +184,14 @@ fn validate_headers(headers: &BTreeMap<String, String>) -> Result<()> {
                 "traceparent {value:?} is not a W3C trace context (00-<32 hex>-<16 hex>-<2 hex>)"
             )));
         }
-        if value.contains(['\r', '\n']) {
+        if value.chars().any(|c| c.is_control() && c != '\t') {
             return Err(Error::InvalidEvent(format!(
-                "header {name:?} has a line break in its value"
+                "header {name:?} has a control character (line break, NUL...) in its value"
+            )));
+        }
+        if value.trim() != value {
+            return Err(Error::InvalidEvent(format!(
+                "header {name:?} has leading or trailing whitespace (trimmed on receipt)"
             )));
         }
     }
@@ -229,6 +259,18 @@ mod tests {
             .is_err());
         assert!(ev("a").with_header("x", "a\r\nb").validate().is_err());
         assert!(ev("a").with_header("bad name", "v").validate().is_err());
+        assert!(ev("a")
+            .with_header("Nats-Expected-Stream", "X")
+            .validate()
+            .is_err());
+        assert!(ev("a").with_header("x", "nul\0").validate().is_err());
+        assert!(ev("a").with_header("x", " padded ").validate().is_err());
+        let mut e = ev("a");
+        e.aggregate_id = "42 ".into();
+        assert!(e.validate().is_err());
+        let nul =
+            NewEvent::new("order", "1", "a", &serde_json::json!({"k": "a\u{0}b"})).expect("event");
+        assert!(nul.validate().is_err());
         assert!(ev("a")
             .with_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
             .validate()

@@ -18,6 +18,8 @@
 //! - [`ops`]: status, dead letters, cleanup (the operator CLI and the relay's periodic tasks).
 //! - [`metrics`]: Prometheus metrics; `http` serves them with health endpoints.
 //! - [`db`]: connections and secret redaction; [`tls`]: libpq `sslmode` over rustls.
+//! - `sqlx` (feature `sqlx`): `enqueue` for sqlx executors; `otel` (feature `otel`): trace context
+//!   from the current tracing span.
 //!
 //! See docs/ARCHITECTURE.md for how the pieces fit.
 
@@ -32,8 +34,12 @@ mod listener;
 pub mod metrics;
 pub mod migrate;
 pub mod ops;
+#[cfg(feature = "otel")]
+mod otel;
 pub mod publisher;
 pub mod relay;
+#[cfg(feature = "sqlx")]
+pub mod sqlx;
 mod store;
 pub mod tls;
 pub mod writer;

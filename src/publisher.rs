@@ -330,7 +330,8 @@ fn is_not_found(e: &jetstream::context::GetStreamError) -> bool {
 }
 
 /// `Nats-Msg-Id` (JetStream dedup), the outbox metadata, then the row's own headers.
-fn headers(event: &OutboxEvent) -> async_nats::HeaderMap {
+/// Public for tests of the mapping; call it only for an event that passed [`OutboxEvent::validate`].
+pub fn headers(event: &OutboxEvent) -> async_nats::HeaderMap {
     let id = event.id.to_string();
     let mut h = async_nats::HeaderMap::new();
     for (name, value) in &event.headers {

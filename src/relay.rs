@@ -11,7 +11,7 @@ use tokio::time::sleep_until;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::config::{NotifyMode, RelayConfig};
+use crate::config::{NotifyMode, Ordering, RelayConfig};
 use crate::error::{Error, Result};
 use crate::event::OutboxEvent;
 use crate::listener::{reason, Listener, Signals};
@@ -27,13 +27,15 @@ const LINGER: Duration = Duration::from_millis(2);
 /// [`Relay::run`] it until its shutdown token is cancelled.
 pub struct Relay {
     config: RelayConfig,
-    store: Store,
+    /// Two worker connections: with `Ordering::None`, during a backlog two batches are in flight at
+    /// once (the second claims while the first publishes; `SKIP LOCKED` keeps them apart).
+    stores: [Store; 2],
     publisher: Publisher,
     signals: Arc<Signals>,
     metrics: Arc<Metrics>,
 }
 
-/// What one batch did.
+/// What one batch (or two in flight together) did.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct BatchReport {
     pub claimed: usize,
@@ -41,6 +43,21 @@ pub struct BatchReport {
     pub failed: usize,
     /// Earliest retry time among rows that failed and will be retried.
     pub next_retry: Option<Duration>,
+}
+
+impl BatchReport {
+    /// Two batches run side by side: full if either was full, empty only if both were.
+    fn merge(self, other: BatchReport) -> BatchReport {
+        BatchReport {
+            claimed: self.claimed.max(other.claimed),
+            published: self.published + other.published,
+            failed: self.failed + other.failed,
+            next_retry: match (self.next_retry, other.next_retry) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            },
+        }
+    }
 }
 
 impl Relay {
@@ -64,7 +81,10 @@ impl Relay {
         let publisher = Publisher::new(nats, &config);
         publisher.ensure_stream(&config).await?;
         Ok(Relay {
-            store: Store::new(config.database_url.clone()),
+            stores: [
+                Store::new(config.database_url.clone()),
+                Store::new(config.database_url.clone()),
+            ],
             publisher,
             signals: Arc::new(Signals::default()),
             metrics,
@@ -144,6 +164,7 @@ impl Relay {
             .build();
         let mut next_retry: Option<Instant> = None;
         let mut wake_reason = "reconnect";
+        let mut backlog = false;
         loop {
             // Drain: repeat at once while batches come back full.
             loop {
@@ -151,7 +172,22 @@ impl Relay {
                     return Ok(());
                 }
                 self.metrics.wakeup(wake_reason);
-                match self.process_batch().await {
+                let [first, second] = &mut self.stores;
+                let (config, publisher, metrics) = (&self.config, &self.publisher, &*self.metrics);
+                // A second batch in flight only without ordering: with per-aggregate order the
+                // second claim would mostly find the aggregates of the first one locked and scan
+                // the whole backlog for nothing (measured: 2.6x slower at 1,000 aggregates).
+                let result = if backlog && config.ordering == Ordering::None {
+                    let (a, b) = tokio::join!(
+                        process_batch(config, publisher, metrics, first),
+                        process_batch(config, publisher, metrics, second)
+                    );
+                    a.and_then(|a| b.map(|b| a.merge(b)))
+                } else {
+                    process_batch(config, publisher, metrics, first).await
+                };
+                backlog = matches!(result, Ok(r) if r.claimed >= config.batch_size);
+                match result {
                     Ok(report) => {
                         trouble.reset();
                         self.metrics.broker_connected.set(1);
@@ -178,7 +214,7 @@ impl Relay {
                         if matches!(e, Error::BrokerUnavailable(_)) {
                             self.metrics.broker_connected.set(0);
                         } else {
-                            self.store.reset();
+                            self.stores.iter_mut().for_each(Store::reset);
                         }
                         tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "batch failed; backing off");
                         tokio::select! {
@@ -214,85 +250,89 @@ impl Relay {
             }
         }
     }
+}
 
-    /// One transaction: claim, publish, record, commit.
-    pub(crate) async fn process_batch(&mut self) -> Result<BatchReport> {
-        let started = Instant::now();
-        let ordering = self.config.ordering;
-        let batch_size = self.config.batch_size;
-        let claim = self.store.claim(ordering, batch_size).await?;
-        let mut report = BatchReport {
-            claimed: claim.claimed,
-            ..Default::default()
-        };
-        if claim.groups.is_empty() {
-            claim.commit().await?;
-            return Ok(report);
-        }
-        let publish_started = Instant::now();
-        let outcomes = self.publisher.publish(&claim.groups).await;
-        self.metrics
-            .publish_duration
-            .observe(publish_started.elapsed().as_secs_f64());
+/// One transaction on `store`: claim, publish, record, commit.
+async fn process_batch(
+    config: &RelayConfig,
+    publisher: &Publisher,
+    metrics: &Metrics,
+    store: &mut Store,
+) -> Result<BatchReport> {
+    let started = Instant::now();
+    let ordering = config.ordering;
+    let batch_size = config.batch_size;
+    let claim = store.claim(ordering, batch_size).await?;
+    let mut report = BatchReport {
+        claimed: claim.claimed,
+        ..Default::default()
+    };
+    if claim.groups.is_empty() {
+        claim.commit().await?;
+        return Ok(report);
+    }
+    let publish_started = Instant::now();
+    let outcomes = publisher.publish(&claim.groups).await;
+    metrics
+        .publish_duration
+        .observe(publish_started.elapsed().as_secs_f64());
 
-        let any_published = outcomes
-            .iter()
-            .flatten()
-            .any(|o| matches!(o, Outcome::Published { .. }));
-        if !any_published && !self.publisher.probe().await {
-            // Nothing went through and JetStream does not answer: the broker is down, not the
-            // events. Spend no attempts; the rollback releases the rows.
-            claim.rollback().await?;
-            return Err(Error::BrokerUnavailable(
-                first_failure(&outcomes).unwrap_or_else(|| "no ack".into()),
-            ));
-        }
+    let any_published = outcomes
+        .iter()
+        .flatten()
+        .any(|o| matches!(o, Outcome::Published { .. }));
+    if !any_published && !publisher.probe().await {
+        // Nothing went through and JetStream does not answer: the broker is down, not the
+        // events. Spend no attempts; the rollback releases the rows.
+        claim.rollback().await?;
+        return Err(Error::BrokerUnavailable(
+            first_failure(&outcomes).unwrap_or_else(|| "no ack".into()),
+        ));
+    }
 
-        let mut published: Vec<Uuid> = Vec::with_capacity(claim.claimed);
-        let mut failures: Vec<Failure> = Vec::new();
-        for (group, group_outcomes) in claim.groups.iter().zip(&outcomes) {
-            for (event, outcome) in group.iter().zip(group_outcomes) {
-                match outcome {
-                    Outcome::Published {
-                        duplicate,
-                        acked_at,
-                    } => {
-                        published.push(event.id);
-                        observe_published(&self.metrics, event, *duplicate, *acked_at);
-                    }
-                    Outcome::Failed(f) => {
-                        let failure =
-                            decide(&self.config, &self.metrics, event, f.kind, &f.message);
-                        if !failure.dead_letter {
-                            report.next_retry = Some(
-                                report
-                                    .next_retry
-                                    .map_or(failure.retry_in, |d| d.min(failure.retry_in)),
-                            );
-                        }
-                        failures.push(failure);
-                    }
-                    Outcome::NotAttempted => {}
+    let mut published: Vec<Uuid> = Vec::with_capacity(claim.claimed);
+    let mut failures: Vec<Failure> = Vec::new();
+    for (group, group_outcomes) in claim.groups.iter().zip(&outcomes) {
+        for (event, outcome) in group.iter().zip(group_outcomes) {
+            match outcome {
+                Outcome::Published {
+                    duplicate,
+                    acked_at,
+                } => {
+                    published.push(event.id);
+                    observe_published(metrics, event, *duplicate, *acked_at);
                 }
+                Outcome::Failed(f) => {
+                    let failure = decide(config, metrics, event, f.kind, &f.message);
+                    if !failure.dead_letter {
+                        report.next_retry = Some(
+                            report
+                                .next_retry
+                                .map_or(failure.retry_in, |d| d.min(failure.retry_in)),
+                        );
+                    }
+                    failures.push(failure);
+                }
+                Outcome::NotAttempted => {}
             }
         }
-        claim.mark_published(&published).await?;
-        claim.record_failures(&failures).await?;
-        claim.commit().await?;
-
-        report.published = published.len();
-        report.failed = failures.len();
-        let elapsed = started.elapsed();
-        self.metrics.batch_duration.observe(elapsed.as_secs_f64());
-        tracing::debug!(
-            batch_size = report.claimed,
-            published = report.published,
-            failed = report.failed,
-            elapsed_ms = elapsed.as_secs_f64() * 1000.0,
-            "batch done"
-        );
-        Ok(report)
     }
+    claim.mark_published(&published).await?;
+    claim.record_failures(&failures).await?;
+    claim.commit().await?;
+
+    report.published = published.len();
+    report.failed = failures.len();
+    let elapsed = started.elapsed();
+    metrics.batch_duration.observe(elapsed.as_secs_f64());
+    tracing::debug!(
+        batch_size = report.claimed,
+        published = report.published,
+        failed = report.failed,
+        elapsed_ms = elapsed.as_secs_f64() * 1000.0,
+        "batch done"
+    );
+    Ok(report)
 }
 
 fn observe_published(

@@ -31,19 +31,7 @@ pub async fn enqueue_many<C: GenericClient + Sync>(
     let aggregate_ids: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
     let event_types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
     let payloads: Vec<&serde_json::Value> = events.iter().map(|e| &e.payload).collect();
-    let headers: Vec<Option<serde_json::Value>> = events
-        .iter()
-        .map(|e| {
-            (!e.headers.is_empty()).then(|| {
-                serde_json::Value::Object(
-                    e.headers
-                        .iter()
-                        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-                        .collect(),
-                )
-            })
-        })
-        .collect();
+    let headers = headers_column(events);
     let rows = client
         .query(
             ENQUEUE,
@@ -57,4 +45,43 @@ pub async fn enqueue_many<C: GenericClient + Sync>(
         )
         .await?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// The `headers` column of each event: a JSON object of its headers, NULL when it has none.
+///
+/// With the `otel` feature, an event without a `traceparent` header also gets the trace context of
+/// the current span (`traceparent`, and `tracestate` unless the event has one). Shared with the sqlx
+/// writer so that both write the same rows.
+pub(crate) fn headers_column(events: &[NewEvent]) -> Vec<Option<serde_json::Value>> {
+    #[cfg(feature = "otel")]
+    let trace = if events.iter().any(|e| !has_header(e, "traceparent")) {
+        crate::otel::current_trace_headers()
+    } else {
+        Vec::new()
+    };
+    #[cfg(not(feature = "otel"))]
+    let trace: Vec<(String, String)> = Vec::new();
+    events
+        .iter()
+        .map(|e| {
+            let mut object: serde_json::Map<String, serde_json::Value> = e
+                .headers
+                .iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                .collect();
+            if !has_header(e, "traceparent") {
+                for (k, v) in &trace {
+                    if !has_header(e, k) {
+                        object.insert(k.clone(), serde_json::Value::String(v.clone()));
+                    }
+                }
+            }
+            (!object.is_empty()).then_some(serde_json::Value::Object(object))
+        })
+        .collect()
+}
+
+/// Header names are matched like HTTP's: `Traceparent` is the `traceparent` header.
+fn has_header(event: &NewEvent, name: &str) -> bool {
+    event.headers.keys().any(|k| k.eq_ignore_ascii_case(name))
 }

@@ -299,7 +299,7 @@ async fn broker_restart_loses_nothing() {
 #[tokio::test]
 async fn relay_killed_mid_drain_restarts_and_the_stream_has_each_event_once() {
     let env = Env::new().await;
-    env.insert_sql(20_000, "bulk", "order.created").await;
+    env.insert_interleaved(1_000, 20).await; // 20,000 events
     for _ in 0..3 {
         let relay = CliRelay::spawn(&env, &["--batch-size", "500", "--ordering", "none"]);
         let start = env.stream_len().await;
@@ -371,7 +371,7 @@ async fn two_relays_share_the_table_without_double_processing() {
 #[tokio::test]
 async fn sigterm_mid_drain_exits_zero_and_leaves_nothing_locked() {
     let env = Env::new().await;
-    env.insert_sql(30_000, "t", "order.created").await;
+    env.insert_interleaved(1_000, 30).await; // 30,000 events
     let relay = CliRelay::spawn(&env, &["--batch-size", "200"]);
     wait_until("relay makes progress", Duration::from_secs(20), || async {
         env.stream_len().await > 1_000

@@ -52,6 +52,10 @@ pub struct NatsServer {
     /// without auth).
     probe_jetstream: bool,
     child: Option<Child>,
+    /// `server_name` and monitoring port of a cluster member
+    /// ([`NatsServer::start_cluster`]); `None` for a standalone server.
+    server_name: Option<String>,
+    monitor_port: Option<u16>,
 }
 
 impl NatsServer {
@@ -124,9 +128,106 @@ impl NatsServer {
             log_path,
             probe_jetstream,
             child: None,
+            server_name: None,
+            monitor_port: None,
         };
         server.start_again();
         server
+    }
+
+    /// Starts an `n`-node JetStream cluster on 127.0.0.1: each node has its own
+    /// client, cluster (route) and monitoring port, its own store dir and
+    /// `server_name` (`n0`, `n1`, ...), and routes to every other node.
+    ///
+    /// Blocking. Returns once every node accepts clients and logged `Server is
+    /// ready`; the JetStream meta group may still be electing its leader then
+    /// (JetStream API requests fail or time out until it has one), so callers
+    /// wait for that themselves, for example by retrying their first stream
+    /// creation.
+    pub fn start_cluster(n: usize) -> Vec<NatsServer> {
+        assert!(n >= 1, "a cluster needs at least one node");
+        // Every port of every node first (routes name the others' cluster ports), all distinct.
+        let mut free: Vec<u16> = Vec::with_capacity(3 * n);
+        while free.len() < 3 * n {
+            let p = proc::free_port();
+            if !free.contains(&p) {
+                free.push(p);
+            }
+        }
+        let ports: Vec<(u16, u16, u16)> = free.chunks(3).map(|c| (c[0], c[1], c[2])).collect();
+        let cluster_name = format!("outbox-test-{}", ports[0].1);
+        let mut nodes = Vec::with_capacity(n);
+        for (i, &(port, cluster_port, monitor_port)) in ports.iter().enumerate() {
+            let name = format!("n{i}");
+            let dir = TestDir::new(&format!("nats-{name}"), None);
+            let store = dir.path().join("js");
+            let log_path = dir.path().join("nats.log");
+            let conf_path = dir.path().join("nats.conf");
+            let routes: Vec<String> = ports
+                .iter()
+                .enumerate()
+                .filter(|&(j, _)| j != i)
+                .map(|(_, &(_, p, _))| format!("\"nats-route://127.0.0.1:{p}\""))
+                .collect();
+            let conf = format!(
+                "server_name: \"{name}\"\n\
+                 listen: \"127.0.0.1:{port}\"\n\
+                 http: \"127.0.0.1:{monitor_port}\"\n\
+                 jetstream {{\n  store_dir: \"{}\"\n}}\n\
+                 cluster {{\n  name: \"{cluster_name}\"\n  listen: \"127.0.0.1:{cluster_port}\"\n  routes: [{}]\n}}\n",
+                store.display(),
+                routes.join(", ")
+            );
+            std::fs::write(&conf_path, conf)
+                .unwrap_or_else(|e| panic!("could not write {}: {e}", conf_path.display()));
+            let args: Vec<OsString> = vec![
+                "-c".into(),
+                conf_path.into(),
+                "-l".into(),
+                log_path.clone().into(),
+            ];
+            // No JetStream probe: it cannot answer before the meta group has a leader, which
+            // needs a quorum of nodes that are not started yet.
+            let mut node = Self::launch(dir, port, args, log_path, false);
+            node.server_name = Some(name);
+            node.monitor_port = Some(monitor_port);
+            nodes.push(node);
+        }
+        nodes
+    }
+
+    /// `server_name` of a node of [`NatsServer::start_cluster`].
+    pub fn server_name(&self) -> Option<&str> {
+        self.server_name.as_deref()
+    }
+
+    /// Monitoring (HTTP) port of a node of [`NatsServer::start_cluster`].
+    pub fn monitor_port(&self) -> Option<u16> {
+        self.monitor_port
+    }
+
+    /// GETs a monitoring endpoint (`/connz`, `/jsz`, `/routez`, ...) of a
+    /// cluster node and parses the JSON. Blocking, bounded to 5 s; `None` when
+    /// the node has no monitoring port, is down, or answers with an error.
+    pub fn monitor(&self, path_and_query: &str) -> Option<serde_json::Value> {
+        use std::io::{Read, Write};
+        let port = self.monitor_port?;
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let timeout = Duration::from_secs(5);
+        let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout).ok()?;
+        stream.set_read_timeout(Some(timeout)).ok()?;
+        stream.set_write_timeout(Some(timeout)).ok()?;
+        // HTTP/1.0: the server closes the connection after the response.
+        let request = format!("GET {path_and_query} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n");
+        stream.write_all(request.as_bytes()).ok()?;
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).ok()?;
+        let response = String::from_utf8_lossy(&response);
+        let (head, body) = response.split_once("\r\n\r\n")?;
+        if !head.starts_with("HTTP/1.") || head.split_whitespace().nth(1) != Some("200") {
+            return None;
+        }
+        serde_json::from_str(body).ok()
     }
 
     /// TCP port on 127.0.0.1.

@@ -1,0 +1,141 @@
+//! The writer API for sqlx applications (the `sqlx` feature): the same statement, validation and
+//! rows as [`crate::writer`], through any [`PgExecutor`].
+//!
+//! ```no_run
+//! # async fn example(pool: sqlx::PgPool) -> outbox_relay::Result<()> {
+//! use outbox_relay::NewEvent;
+//!
+//! let mut tx = pool.begin().await.expect("begin");
+//! // ... the business writes, on `&mut *tx` ...
+//! let event = NewEvent::new("order", "42", "order.created", &serde_json::json!({"total": 10}))?;
+//! let id = outbox_relay::sqlx::enqueue(&mut *tx, &event).await?;
+//! tx.commit().await.expect("commit");
+//! # let _ = id;
+//! # Ok(())
+//! # }
+//! ```
+
+use ::sqlx::postgres::{PgDatabaseError, PgExecutor};
+use uuid::Uuid;
+
+use crate::error::{Error, Result};
+use crate::event::NewEvent;
+use crate::writer::headers_column;
+
+const ENQUEUE: &str = include_str!("../sql/queries/enqueue.sql");
+
+/// Writes one event. Pass the application's transaction (`&mut *tx`): the event then commits or
+/// rolls back with the business data. A `&mut PgConnection` or a `&PgPool` works too, but then the
+/// event commits on its own. Returns the event id (also its `Nats-Msg-Id`).
+pub async fn enqueue<'c, E>(executor: E, event: &NewEvent) -> Result<Uuid>
+where
+    E: PgExecutor<'c>,
+{
+    let ids = enqueue_many(executor, std::slice::from_ref(event)).await?;
+    Ok(ids[0])
+}
+
+/// Writes several events in one statement, in the given order (their `seq` follows it).
+/// All events are validated before anything is sent: one bad event writes none.
+pub async fn enqueue_many<'c, E>(executor: E, events: &[NewEvent]) -> Result<Vec<Uuid>>
+where
+    E: PgExecutor<'c>,
+{
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    for event in events {
+        event.validate()?;
+    }
+    let aggregate_types: Vec<&str> = events.iter().map(|e| e.aggregate_type.as_str()).collect();
+    let aggregate_ids: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
+    let event_types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+    let payloads: Vec<&serde_json::Value> = events.iter().map(|e| &e.payload).collect();
+    let headers = headers_column(events);
+    ::sqlx::query_scalar::<_, Uuid>(ENQUEUE)
+        .bind(aggregate_types)
+        .bind(aggregate_ids)
+        .bind(event_types)
+        .bind(payloads)
+        .bind(headers)
+        .fetch_all(executor)
+        .await
+        .map_err(sqlx_error)
+}
+
+/// Keeps the server's message and classifies the error like the tokio-postgres path does.
+fn sqlx_error(e: ::sqlx::Error) -> Error {
+    let retryable = is_transient(&e);
+    let message = match &e {
+        ::sqlx::Error::Database(db) => match db.try_downcast_ref::<PgDatabaseError>() {
+            Some(pg) => {
+                // As libpq spells it: ERROR, FATAL, PANIC.
+                let severity = format!("{:?}", pg.severity()).to_uppercase();
+                let mut out = format!("{severity}: {} [{}]", pg.message(), pg.code());
+                if let Some(detail) = pg.detail() {
+                    out.push_str(&format!(" ({detail})"));
+                }
+                out
+            }
+            None => db.message().to_owned(),
+        },
+        other => other.to_string(),
+    };
+    Error::Sqlx { message, retryable }
+}
+
+/// Connection loss, shutdown, serialization failures: the statement may succeed on a new try.
+fn is_transient(e: &::sqlx::Error) -> bool {
+    match e {
+        ::sqlx::Error::Database(db) => db.code().is_some_and(|code| is_transient_sqlstate(&code)),
+        ::sqlx::Error::Io(_)
+        | ::sqlx::Error::Tls(_)
+        | ::sqlx::Error::Protocol(_)
+        | ::sqlx::Error::PoolTimedOut
+        | ::sqlx::Error::WorkerCrashed => true,
+        _ => false,
+    }
+}
+
+fn is_transient_sqlstate(code: &str) -> bool {
+    matches!(
+        code,
+        "40001" // serialization_failure
+            | "40P01" // deadlock_detected
+            | "57P01" // admin_shutdown
+            | "57P02" // crash_shutdown
+            | "57P03" // cannot_connect_now
+            | "55P03" // lock_not_available
+            | "57014" // query_canceled
+    ) || code.starts_with("08") // connection exceptions
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_sqlstates_like_the_tokio_postgres_path() {
+        for code in [
+            "40001", "40P01", "57P01", "57P02", "57P03", "55P03", "57014", "08006",
+        ] {
+            assert!(is_transient_sqlstate(code), "{code}");
+        }
+        for code in ["42P01", "42501", "23505", "22P02", "25P02"] {
+            assert!(!is_transient_sqlstate(code), "{code}");
+        }
+    }
+
+    #[test]
+    fn maps_driver_errors() {
+        let io = sqlx_error(::sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "reset",
+        )));
+        assert!(io.is_retryable(), "{io}");
+        assert!(io.to_string().contains("reset"), "{io}");
+        let decode = sqlx_error(::sqlx::Error::RowNotFound);
+        assert!(!decode.is_retryable(), "{decode}");
+        assert!(!decode.is_usage());
+    }
+}

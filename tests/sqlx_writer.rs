@@ -1,0 +1,189 @@
+//! The sqlx writer (`--features sqlx`): events enqueued in a sqlx transaction are relayed when it
+//! commits and never when it rolls back, with the same validation as the tokio-postgres writer.
+#![cfg(feature = "sqlx")]
+
+mod common;
+
+use std::time::Duration;
+
+use common::outbox::Env;
+use outbox_relay::{Error, NewEvent};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+
+fn event(aggregate_id: &str, n: i32) -> NewEvent {
+    NewEvent::new(
+        "order",
+        aggregate_id,
+        "order.created",
+        &serde_json::json!({ "n": n }),
+    )
+    .expect("event")
+}
+
+async fn pool(env: &Env) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(&env.db)
+        .await
+        .expect("sqlx pool")
+}
+
+#[tokio::test]
+async fn committed_transaction_is_relayed() {
+    let env = Env::new().await;
+    let relay = env.spawn(env.config()).await;
+    let pool = pool(&env).await;
+
+    let mut tx = pool.begin().await.expect("begin");
+    let id = outbox_relay::sqlx::enqueue(
+        &mut *tx,
+        &event("s-1", 1).with_header("tracestate", "vendor=abc"),
+    )
+    .await
+    .expect("enqueue");
+    let more = outbox_relay::sqlx::enqueue_many(&mut *tx, &[event("s-1", 2), event("s-2", 3)])
+        .await
+        .expect("enqueue_many");
+    tx.commit().await.expect("commit");
+
+    env.wait_stream_len(3, Duration::from_secs(10)).await;
+    let stored = env.stored().await;
+    let ids: Vec<_> = stored.iter().map(|m| m.event_id()).collect();
+    // Order is kept within an aggregate only.
+    let s1: Vec<_> = stored
+        .iter()
+        .filter(|m| m.headers["Outbox-Aggregate-Id"] == "s-1")
+        .map(|m| m.event_id())
+        .collect();
+    assert_eq!(s1, [id, more[0]]);
+    assert!(ids.contains(&more[1]), "{ids:?}");
+    let first = stored.iter().find(|m| m.event_id() == id).expect("first");
+    assert_eq!(first.subject, "outbox.order.created");
+    assert_eq!(first.headers["Nats-Msg-Id"], id.to_string());
+    assert_eq!(first.headers["tracestate"], "vendor=abc");
+    let last = stored
+        .iter()
+        .find(|m| m.event_id() == more[1])
+        .expect("last");
+    assert_eq!(last.headers["Outbox-Aggregate-Id"], "s-2");
+    let payload: serde_json::Value = serde_json::from_str(&last.payload).expect("json");
+    assert_eq!(payload, serde_json::json!({ "n": 3 }));
+    assert_eq!(
+        env.count("aggregate_id = 's-1' AND headers IS NULL").await,
+        1,
+        "an event without headers stores NULL, as the tokio-postgres writer does"
+    );
+    relay.stop().await;
+}
+
+#[tokio::test]
+async fn rolled_back_transaction_publishes_nothing() {
+    let env = Env::new().await;
+    let relay = env.spawn(env.config()).await;
+    let pool = pool(&env).await;
+
+    let mut tx = pool.begin().await.expect("begin");
+    let dropped = outbox_relay::sqlx::enqueue(&mut *tx, &event("r-1", 1))
+        .await
+        .expect("enqueue");
+    tx.rollback().await.expect("rollback");
+
+    // A connection and the pool are executors too; each commits on its own.
+    let mut conn = pool.acquire().await.expect("connection");
+    let later = outbox_relay::sqlx::enqueue(&mut *conn, &event("r-2", 2))
+        .await
+        .expect("enqueue on a connection");
+    drop(conn);
+    let last = outbox_relay::sqlx::enqueue(&pool, &event("r-3", 3))
+        .await
+        .expect("enqueue on the pool");
+
+    env.wait_stream_len(2, Duration::from_secs(10)).await;
+    // Give a stray publish of the rolled-back event time to show up after the later ones.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut ids: Vec<_> = env.stored().await.iter().map(|m| m.event_id()).collect();
+    ids.sort();
+    let mut expected = [later, last];
+    expected.sort();
+    assert_eq!(ids, expected);
+    assert!(!ids.contains(&dropped));
+    assert_eq!(env.stream_len().await, 2);
+    assert_eq!(env.count("true").await, 2);
+    relay.stop().await;
+}
+
+#[tokio::test]
+async fn invalid_event_is_refused_before_the_database() {
+    // Nothing listens on this port: any round trip would fail with a connection error.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let nowhere = PgPoolOptions::new()
+        .acquire_timeout(Duration::from_secs(2))
+        .connect_lazy(&format!("postgres://postgres@127.0.0.1:{port}/none"))
+        .expect("lazy pool");
+    let bad = event("x", 1).with_header("Nats-Msg-Id", "mine");
+    let err = outbox_relay::sqlx::enqueue(&nowhere, &bad)
+        .await
+        .expect_err("refused");
+    assert!(matches!(err, Error::InvalidEvent(_)), "{err:?}");
+    assert!(err.is_usage());
+
+    // And the driver's own errors come back as the library's, classified for retries.
+    let err = outbox_relay::sqlx::enqueue(&nowhere, &event("x", 1))
+        .await
+        .expect_err("no server");
+    assert!(matches!(err, Error::Sqlx { .. }), "{err:?}");
+    assert!(err.is_retryable(), "{err:?}");
+
+    let env = Env::new().await;
+    let pool = pool(&env).await;
+    let mut tx = pool.begin().await.expect("begin");
+    let mut bad_type = event("x", 2);
+    bad_type.event_type = "order.*".into();
+    let err = outbox_relay::sqlx::enqueue_many(&mut *tx, &[event("x", 1), bad_type])
+        .await
+        .expect_err("refused");
+    assert!(matches!(err, Error::InvalidEvent(_)), "{err:?}");
+    // The transaction is intact (nothing failed inside it) and holds no event.
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_events")
+        .fetch_one(&mut *tx)
+        .await
+        .expect("count in the transaction");
+    assert_eq!(rows, 0);
+    tx.commit().await.expect("commit");
+    assert_eq!(env.count("true").await, 0);
+
+    let err = outbox_relay::sqlx::enqueue(&pool, &event("", 1))
+        .await
+        .expect_err("empty aggregate id");
+    assert!(matches!(err, Error::InvalidEvent(_)), "{err:?}");
+    let none = outbox_relay::sqlx::enqueue_many(&pool, &[])
+        .await
+        .expect("empty");
+    assert!(none.is_empty());
+}
+
+#[tokio::test]
+async fn server_errors_keep_their_message_and_are_not_retryable() {
+    // A database without the outbox schema.
+    let db = common::shared_pg().create_database().await;
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&db)
+        .await
+        .expect("pool");
+    let err = outbox_relay::sqlx::enqueue(&pool, &event("x", 1))
+        .await
+        .expect_err("no table");
+    assert!(matches!(err, Error::Sqlx { .. }), "{err:?}");
+    assert!(!err.is_retryable(), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains("outbox_events") && text.contains("42P01"),
+        "{text}"
+    );
+}
