@@ -20,7 +20,7 @@ use uuid::Uuid;
 
 use crate::error::{Error, Result};
 use crate::event::NewEvent;
-use crate::writer::headers_column;
+use crate::writer::Columns;
 
 const ENQUEUE: &str = include_str!("../sql/queries/enqueue.sql");
 
@@ -41,23 +41,15 @@ pub async fn enqueue_many<'c, E>(executor: E, events: &[NewEvent]) -> Result<Vec
 where
     E: PgExecutor<'c>,
 {
-    if events.is_empty() {
+    let Some(c) = Columns::of(events)? else {
         return Ok(Vec::new());
-    }
-    for event in events {
-        event.validate()?;
-    }
-    let aggregate_types: Vec<&str> = events.iter().map(|e| e.aggregate_type.as_str()).collect();
-    let aggregate_ids: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
-    let event_types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
-    let payloads: Vec<&serde_json::Value> = events.iter().map(|e| &e.payload).collect();
-    let headers = headers_column(events);
+    };
     ::sqlx::query_scalar::<_, Uuid>(ENQUEUE)
-        .bind(aggregate_types)
-        .bind(aggregate_ids)
-        .bind(event_types)
-        .bind(payloads)
-        .bind(headers)
+        .bind(c.aggregate_types)
+        .bind(c.aggregate_ids)
+        .bind(c.event_types)
+        .bind(c.payloads)
+        .bind(c.headers)
         .fetch_all(executor)
         .await
         .map_err(sqlx_error)

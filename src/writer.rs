@@ -21,30 +21,51 @@ pub async fn enqueue_many<C: GenericClient + Sync>(
     client: &C,
     events: &[NewEvent],
 ) -> Result<Vec<Uuid>> {
-    if events.is_empty() {
+    let Some(c) = Columns::of(events)? else {
         return Ok(Vec::new());
-    }
-    for event in events {
-        event.validate()?;
-    }
-    let aggregate_types: Vec<&str> = events.iter().map(|e| e.aggregate_type.as_str()).collect();
-    let aggregate_ids: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
-    let event_types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
-    let payloads: Vec<&serde_json::Value> = events.iter().map(|e| &e.payload).collect();
-    let headers = headers_column(events);
+    };
     let rows = client
         .query(
             ENQUEUE,
             &[
-                &aggregate_types,
-                &aggregate_ids,
-                &event_types,
-                &payloads,
-                &headers,
+                &c.aggregate_types,
+                &c.aggregate_ids,
+                &c.event_types,
+                &c.payloads,
+                &c.headers,
             ],
         )
         .await?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// The statement's parameters: one array per column, after validating every event (one bad event
+/// writes none). Shared with the sqlx writer so that both write the same rows.
+pub(crate) struct Columns<'a> {
+    pub aggregate_types: Vec<&'a str>,
+    pub aggregate_ids: Vec<&'a str>,
+    pub event_types: Vec<&'a str>,
+    pub payloads: Vec<&'a serde_json::Value>,
+    pub headers: Vec<Option<serde_json::Value>>,
+}
+
+impl<'a> Columns<'a> {
+    /// `None` for no events: nothing to write.
+    pub fn of(events: &'a [NewEvent]) -> Result<Option<Self>> {
+        if events.is_empty() {
+            return Ok(None);
+        }
+        for event in events {
+            event.validate()?;
+        }
+        Ok(Some(Columns {
+            aggregate_types: events.iter().map(|e| e.aggregate_type.as_str()).collect(),
+            aggregate_ids: events.iter().map(|e| e.aggregate_id.as_str()).collect(),
+            event_types: events.iter().map(|e| e.event_type.as_str()).collect(),
+            payloads: events.iter().map(|e| &e.payload).collect(),
+            headers: headers_column(events),
+        }))
+    }
 }
 
 /// The `headers` column of each event: a JSON object of its headers, NULL when it has none.
@@ -52,7 +73,7 @@ pub async fn enqueue_many<C: GenericClient + Sync>(
 /// With the `otel` feature, an event without a `traceparent` header also gets the trace context of
 /// the current span (`traceparent`, and `tracestate` unless the event has one). Shared with the sqlx
 /// writer so that both write the same rows.
-pub(crate) fn headers_column(events: &[NewEvent]) -> Vec<Option<serde_json::Value>> {
+fn headers_column(events: &[NewEvent]) -> Vec<Option<serde_json::Value>> {
     #[cfg(feature = "otel")]
     let trace = if events.iter().any(|e| !has_header(e, "traceparent")) {
         crate::otel::current_trace_headers()
