@@ -262,15 +262,15 @@ impl Publisher {
 
     async fn publish_group(&self, group: &[OutboxEvent]) -> Vec<Outcome> {
         let mut outcomes = Vec::with_capacity(group.len());
+        let mut failed = false;
         for event in group {
-            if outcomes
-                .iter()
-                .any(|o| !matches!(o, Outcome::Published { .. }))
-            {
-                outcomes.push(Outcome::NotAttempted);
-                continue;
-            }
-            outcomes.push(self.publish_one(event).await);
+            let outcome = if failed {
+                Outcome::NotAttempted
+            } else {
+                self.publish_one(event).await
+            };
+            failed = !matches!(outcome, Outcome::Published { .. });
+            outcomes.push(outcome);
         }
         outcomes
     }

@@ -72,21 +72,26 @@ impl Store {
     async fn connection(&mut self) -> Result<&mut (Client, Statements)> {
         if !self.is_connected() {
             self.conn = None;
-            let client = crate::db::connect(&self.url, "outbox-relay").await?;
-            client.batch_execute(WORKER_SESSION).await?;
-            let statements = Statements {
-                claim_heads: client.prepare(CLAIM_HEADS).await?,
-                claim_followers: client.prepare(CLAIM_FOLLOWERS).await?,
-                claim_unordered: client.prepare(CLAIM_UNORDERED).await?,
-                mark_published: client.prepare(MARK_PUBLISHED).await?,
-                record_failures: client.prepare(RECORD_FAILURES).await?,
-            };
-            self.conn = Some((client, statements));
         }
-        match self.conn.as_mut() {
-            Some(conn) => Ok(conn),
-            None => unreachable!("connection was just set"),
-        }
+        let conn = match self.conn.take() {
+            Some(conn) => conn,
+            None => Self::open(&self.url).await?,
+        };
+        Ok(self.conn.insert(conn))
+    }
+
+    /// A new worker connection with its session settings and prepared statements.
+    async fn open(url: &str) -> Result<(Client, Statements)> {
+        let client = crate::db::connect(url, "outbox-relay").await?;
+        client.batch_execute(WORKER_SESSION).await?;
+        let statements = Statements {
+            claim_heads: client.prepare(CLAIM_HEADS).await?,
+            claim_followers: client.prepare(CLAIM_FOLLOWERS).await?,
+            claim_unordered: client.prepare(CLAIM_UNORDERED).await?,
+            mark_published: client.prepare(MARK_PUBLISHED).await?,
+            record_failures: client.prepare(RECORD_FAILURES).await?,
+        };
+        Ok((client, statements))
     }
 
     /// Opens a transaction and claims up to `limit` rows with `FOR UPDATE SKIP LOCKED`.
