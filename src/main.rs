@@ -64,17 +64,24 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-/// The database URL, with `--schema` applied.
-fn database_url(cli: &Cli) -> Result<String, Error> {
+/// `--database-url` as given (required).
+fn raw_database_url(cli: &Cli) -> Result<String, Error> {
     match cli.database_url.as_deref().map(str::trim) {
-        Some(url) if !url.is_empty() => match &cli.schema {
-            Some(schema) => db::with_schema(url, schema),
-            None => Ok(url.to_string()),
-        },
+        Some(url) if !url.is_empty() => Ok(url.to_string()),
         _ => Err(Error::Config {
             field: "database_url",
             message: "is required (or set DATABASE_URL)".into(),
         }),
+    }
+}
+
+/// The database URL with `--schema` applied, for the one-shot commands (the relay applies the
+/// schema itself from its config).
+fn database_url(cli: &Cli) -> Result<String, Error> {
+    let url = raw_database_url(cli)?;
+    match &cli.schema {
+        Some(schema) => db::with_schema(&url, schema),
+        None => Ok(url),
     }
 }
 
@@ -119,7 +126,7 @@ async fn execute(cli: Cli) -> Result<(), Error> {
             }
             Ok(())
         }
-        Command::Run(args) => run(database_url(&cli)?, cli.schema.clone(), args).await,
+        Command::Run(args) => run(raw_database_url(&cli)?, cli.schema.clone(), args).await,
         Command::Status { json } => {
             let client = connect_checked(&database_url(&cli)?).await?;
             let s = ops::status(&client).await?;
@@ -206,14 +213,10 @@ async fn dead_letters(
 }
 
 async fn run(database_url: String, schema: Option<String>, args: &RunArgs) -> Result<(), Error> {
-    // `database_url` already carries the schema; the listen URL gets it through the config.
-    let listen_database_url = match (&args.listen_database_url, &schema) {
-        (Some(url), Some(schema)) => Some(db::with_schema(url, schema)?),
-        (url, _) => url.clone(),
-    };
     let config = RelayConfig {
         database_url,
-        listen_database_url,
+        listen_database_url: args.listen_database_url.clone(),
+        schema,
         nats_url: args.nats_url.clone(),
         nats_creds: args.nats_creds.clone(),
         nats_nkey: args.nats_nkey.clone(),
