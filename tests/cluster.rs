@@ -460,30 +460,11 @@ async fn read_stream(js: &jetstream::Context) -> Vec<Stored> {
                     break;
                 }
             };
-            let seq = msg.info().expect("message info").stream_sequence;
-            if out.last().is_some_and(|m| seq <= m.seq) {
+            let stored = Stored::from_message(&msg);
+            if out.last().is_some_and(|m| stored.seq <= m.seq) {
                 continue; // redelivered by a recreated ordered consumer
             }
-            let headers = msg
-                .headers
-                .as_ref()
-                .map(|h| {
-                    h.iter()
-                        .map(|(k, v)| {
-                            (
-                                k.to_string(),
-                                v.first().map(|v| v.to_string()).unwrap_or_default(),
-                            )
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            out.push(Stored {
-                seq,
-                subject: msg.subject.to_string(),
-                headers,
-                payload: String::from_utf8_lossy(&msg.payload).into_owned(),
-            });
+            out.push(stored);
         }
     }
     if retries > 1 {

@@ -97,20 +97,11 @@ impl NatsServer {
         let dir = TestDir::new("nats", None);
         let port = proc::free_port();
         let store = dir.path().join("js");
-        let log_path = dir.path().join("nats.log");
-        let conf_path = dir.path().join("nats.conf");
         let conf = format!(
             "listen: \"127.0.0.1:{port}\"\njetstream {{\n  store_dir: \"{}\"\n}}\n{conf_text}\n",
             store.display()
         );
-        std::fs::write(&conf_path, conf)
-            .unwrap_or_else(|e| panic!("could not write {}: {e}", conf_path.display()));
-        let args: Vec<OsString> = vec![
-            "-c".into(),
-            conf_path.into(),
-            "-l".into(),
-            log_path.clone().into(),
-        ];
+        let (args, log_path) = config_args(&dir, &conf);
         Self::launch(dir, port, args, log_path, false)
     }
 
@@ -161,8 +152,6 @@ impl NatsServer {
             let name = format!("n{i}");
             let dir = TestDir::new(&format!("nats-{name}"), None);
             let store = dir.path().join("js");
-            let log_path = dir.path().join("nats.log");
-            let conf_path = dir.path().join("nats.conf");
             let routes: Vec<String> = ports
                 .iter()
                 .enumerate()
@@ -178,14 +167,7 @@ impl NatsServer {
                 store.display(),
                 routes.join(", ")
             );
-            std::fs::write(&conf_path, conf)
-                .unwrap_or_else(|e| panic!("could not write {}: {e}", conf_path.display()));
-            let args: Vec<OsString> = vec![
-                "-c".into(),
-                conf_path.into(),
-                "-l".into(),
-                log_path.clone().into(),
-            ];
+            let (args, log_path) = config_args(&dir, &conf);
             // No JetStream probe: it cannot answer before the meta group has a leader, which
             // needs a quorum of nodes that are not started yet.
             let mut node = Self::launch(dir, port, args, log_path, false);
@@ -400,4 +382,20 @@ impl Drop for NatsServer {
         }
         // self.dir (TestDir) removes the files afterwards.
     }
+}
+
+/// Writes `conf` as the server's config file in `dir` and returns the arguments that start
+/// nats-server with it, logging to a file there, and that log file's path.
+fn config_args(dir: &TestDir, conf: &str) -> (Vec<OsString>, PathBuf) {
+    let log_path = dir.path().join("nats.log");
+    let conf_path = dir.path().join("nats.conf");
+    std::fs::write(&conf_path, conf)
+        .unwrap_or_else(|e| panic!("could not write {}: {e}", conf_path.display()));
+    let args = vec![
+        "-c".into(),
+        conf_path.into(),
+        "-l".into(),
+        log_path.clone().into(),
+    ];
+    (args, log_path)
 }

@@ -32,6 +32,30 @@ pub struct Stored {
 }
 
 impl Stored {
+    /// A message read from the stream (first value of each header).
+    pub fn from_message(msg: &async_nats::jetstream::Message) -> Stored {
+        let headers = msg
+            .headers
+            .as_ref()
+            .map(|h| {
+                h.iter()
+                    .map(|(k, v)| {
+                        (
+                            k.to_string(),
+                            v.first().map(|v| v.to_string()).unwrap_or_default(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Stored {
+            seq: msg.info().expect("message info").stream_sequence,
+            subject: msg.subject.to_string(),
+            headers,
+            payload: String::from_utf8_lossy(&msg.payload).into_owned(),
+        }
+    }
+
     pub fn event_id(&self) -> Uuid {
         Uuid::parse_str(&self.headers["Outbox-Event-Id"]).expect("Outbox-Event-Id is a uuid")
     }
@@ -155,27 +179,7 @@ impl Env {
                 .expect("reading the stream timed out")
                 .expect("stream ended")
                 .expect("message");
-            let info = msg.info().expect("message info");
-            let headers = msg
-                .headers
-                .as_ref()
-                .map(|h| {
-                    h.iter()
-                        .map(|(k, v)| {
-                            (
-                                k.to_string(),
-                                v.first().map(|v| v.to_string()).unwrap_or_default(),
-                            )
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            out.push(Stored {
-                seq: info.stream_sequence,
-                subject: msg.subject.to_string(),
-                headers,
-                payload: String::from_utf8_lossy(&msg.payload).into_owned(),
-            });
+            out.push(Stored::from_message(&msg));
         }
         out
     }
