@@ -289,6 +289,18 @@ async fn drop_db(ctx: &Ctx, url: &str) {
     }
 }
 
+/// A core NATS subscription on every outbox subject, flushed so that it is in place before the
+/// first publish. Keep the client alive as long as the subscription.
+async fn subscribe_all(url: &str) -> Res<(async_nats::Client, async_nats::Subscriber)> {
+    let nc = nats_client(url).await?;
+    let sub = nc.subscribe(SUBJECTS).await.ctx("subscribe")?;
+    within(Duration::from_secs(10), "flush", async {
+        nc.flush().await.ctx("flush")
+    })
+    .await?;
+    Ok((nc, sub))
+}
+
 async fn nats_client(url: &str) -> Res<async_nats::Client> {
     within(Duration::from_secs(10), "connect to NATS", async {
         async_nats::ConnectOptions::new()
@@ -1073,12 +1085,7 @@ async fn idle_latency(ctx: Arc<Ctx>, variant: String, extra: Vec<String>, n: usi
 
     // Receipt instants by event number (k in the payload); -1 is the warm-up event.
     let received: Arc<Mutex<HashMap<i64, Instant>>> = Arc::new(Mutex::new(HashMap::new()));
-    let nc = nats_client(&ctx.nats_url).await?;
-    let mut sub = nc.subscribe(SUBJECTS).await.ctx("subscribe")?;
-    within(Duration::from_secs(10), "flush", async {
-        nc.flush().await.ctx("flush")
-    })
-    .await?;
+    let (_nc, mut sub) = subscribe_all(&ctx.nats_url).await?;
     let receiver = {
         let received = received.clone();
         tokio::spawn(async move {
@@ -1566,12 +1573,7 @@ async fn sustained(ctx: Arc<Ctx>, writers: usize, secs: u64) -> Res<Row> {
 
     // Commit -> receipt latency from the writer's wall clock carried in the payload.
     let latencies: Arc<Mutex<Vec<f64>>> = Arc::new(Mutex::new(Vec::new()));
-    let nc = nats_client(&ctx.nats_url).await?;
-    let mut sub = nc.subscribe(SUBJECTS).await.ctx("subscribe")?;
-    within(Duration::from_secs(10), "flush", async {
-        nc.flush().await.ctx("flush")
-    })
-    .await?;
+    let (_nc, mut sub) = subscribe_all(&ctx.nats_url).await?;
     let receiver = {
         let latencies = latencies.clone();
         tokio::spawn(async move {
