@@ -39,6 +39,8 @@ pub struct Relay {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct BatchReport {
     pub claimed: usize,
+    /// The claim stopped at a limit: more rows are probably waiting.
+    pub full: bool,
     pub published: usize,
     pub failed: usize,
     /// Earliest retry time among rows that failed and will be retried.
@@ -50,6 +52,7 @@ impl BatchReport {
     fn merge(self, other: BatchReport) -> BatchReport {
         BatchReport {
             claimed: self.claimed.max(other.claimed),
+            full: self.full || other.full,
             published: self.published + other.published,
             failed: self.failed + other.failed,
             next_retry: match (self.next_retry, other.next_retry) {
@@ -186,7 +189,7 @@ impl Relay {
                 } else {
                     process_batch(config, publisher, metrics, first).await
                 };
-                backlog = matches!(result, Ok(r) if r.claimed >= config.batch_size);
+                backlog = matches!(result, Ok(r) if r.full);
                 match result {
                     Ok(report) => {
                         trouble.reset();
@@ -199,7 +202,7 @@ impl Relay {
                             break; // idle: arm and wait
                         }
                         wake_reason = "backlog";
-                        if report.claimed < self.config.batch_size {
+                        if !report.full {
                             // Rows are still arriving. Poll again shortly instead of arming:
                             // arming makes every writer notify (and serialise its commit) until
                             // the relay wakes, which under steady load would be most of the time.
@@ -263,16 +266,19 @@ async fn process_batch(
     let ordering = config.ordering;
     let batch_size = config.batch_size;
     let claim = store.claim(ordering, batch_size).await?;
+    let claim_ms = started.elapsed().as_secs_f64() * 1000.0;
     let mut report = BatchReport {
         claimed: claim.claimed,
+        full: claim.full,
         ..Default::default()
     };
     if claim.groups.is_empty() {
-        claim.commit().await?;
+        claim.finish(&[], &[]).await?;
         return Ok(report);
     }
     let publish_started = Instant::now();
     let outcomes = publisher.publish(&claim.groups).await;
+    let publish_ms = publish_started.elapsed().as_secs_f64() * 1000.0;
     metrics
         .publish_duration
         .observe(publish_started.elapsed().as_secs_f64());
@@ -317,9 +323,9 @@ async fn process_batch(
             }
         }
     }
-    claim.mark_published(&published).await?;
-    claim.record_failures(&failures).await?;
-    claim.commit().await?;
+    let finish_started = Instant::now();
+    claim.finish(&published, &failures).await?;
+    let finish_ms = finish_started.elapsed().as_secs_f64() * 1000.0;
 
     report.published = published.len();
     report.failed = failures.len();
@@ -330,6 +336,9 @@ async fn process_batch(
         published = report.published,
         failed = report.failed,
         elapsed_ms = elapsed.as_secs_f64() * 1000.0,
+        claim_ms,
+        publish_ms,
+        finish_ms,
         "batch done"
     );
     Ok(report)

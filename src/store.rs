@@ -1,28 +1,36 @@
 //! The relay's PostgreSQL side: claiming, marking and failing rows. The relay loop sees
 //! [`Claim`] and [`OutboxEvent`], never SQL.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use tokio_postgres::{Client, Row, Statement, Transaction};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, Row, Statement};
 use uuid::Uuid;
 
 use crate::config::Ordering;
 use crate::error::Result;
 use crate::event::OutboxEvent;
 
-const CLAIM_HEADS: &str = include_str!("../sql/queries/claim_heads.sql");
-const CLAIM_FOLLOWERS: &str = include_str!("../sql/queries/claim_followers.sql");
+/// The two ordered claims differ in how they find heads; followers and the mark are shared.
+const CLAIM_ORDERED: &str = concat!(
+    include_str!("../sql/queries/claim_ordered.sql"),
+    include_str!("../sql/queries/claim_ordered_rest.sql")
+);
+const CLAIM_ORDERED_SPARSE: &str = concat!(
+    include_str!("../sql/queries/claim_ordered_sparse.sql"),
+    include_str!("../sql/queries/claim_ordered_rest.sql")
+);
 const CLAIM_UNORDERED: &str = include_str!("../sql/queries/claim_unordered.sql");
-const MARK_PUBLISHED: &str = include_str!("../sql/queries/mark_published.sql");
+const RELEASE: &str = include_str!("../sql/queries/release.sql");
 const RECORD_FAILURES: &str = include_str!("../sql/queries/record_failures.sql");
 const WORKER_SESSION: &str = include_str!("../sql/queries/worker_session.sql");
 
 struct Statements {
-    claim_heads: Statement,
-    claim_followers: Statement,
+    claim_ordered: Statement,
+    claim_ordered_sparse: Statement,
     claim_unordered: Statement,
-    mark_published: Statement,
+    release: Statement,
     record_failures: Statement,
 }
 
@@ -30,6 +38,11 @@ struct Statements {
 pub(crate) struct Store {
     url: String,
     conn: Option<(Client, Statements)>,
+    /// A claim's transaction was left open (its batch failed half-way); roll it back first.
+    in_tx: bool,
+    /// Find ordered heads by hopping from aggregate to aggregate instead of walking the pending
+    /// rows in seq order: cheaper while the backlog has fewer aggregates than the batch size.
+    sparse: bool,
 }
 
 /// A failed publish of one row, as the relay decided to record it.
@@ -45,39 +58,42 @@ pub struct Failure {
     pub spend_attempt: bool,
 }
 
-/// Rows claimed in one open transaction, grouped so that each group must be published in order
-/// (one aggregate per group; single rows with `Ordering::None`).
+/// Rows claimed (and already marked processed) in one open transaction, grouped so that each
+/// group must be published in order (one aggregate per group; single rows with `Ordering::None`).
+/// [`Claim::finish`] puts back what was not published and commits; dropping it without finishing
+/// leaves the transaction to be rolled back by the next claim (or by a lost connection).
 pub(crate) struct Claim<'a> {
-    tx: Transaction<'a>,
+    client: &'a Client,
     statements: &'a Statements,
+    in_tx: &'a mut bool,
     pub groups: Vec<Vec<OutboxEvent>>,
     /// Rows locked, including followers that are not eligible now.
     pub claimed: usize,
+    /// The claim stopped at a limit (the batch size or an aggregate's share of it): more rows are
+    /// probably waiting, so the relay should claim again at once.
+    pub full: bool,
+    /// Rows the claim marked processed: the eligible ones.
+    marked: Vec<Uuid>,
 }
 
 impl Store {
     pub fn new(url: String) -> Self {
-        Store { url, conn: None }
+        Store {
+            url,
+            conn: None,
+            in_tx: false,
+            sparse: false,
+        }
     }
 
     /// Drops the connection after an error that may have broken it; the next claim reconnects.
     pub fn reset(&mut self) {
         self.conn = None;
+        self.in_tx = false;
     }
 
     pub fn is_connected(&self) -> bool {
         self.conn.as_ref().is_some_and(|(c, _)| !c.is_closed())
-    }
-
-    async fn connection(&mut self) -> Result<&mut (Client, Statements)> {
-        if !self.is_connected() {
-            self.conn = None;
-        }
-        let conn = match self.conn.take() {
-            Some(conn) => conn,
-            None => Self::open(&self.url).await?,
-        };
-        Ok(self.conn.insert(conn))
     }
 
     /// A new worker connection with its session settings and prepared statements.
@@ -85,61 +101,104 @@ impl Store {
         let client = crate::db::connect(url, "outbox-relay").await?;
         client.batch_execute(WORKER_SESSION).await?;
         let statements = Statements {
-            claim_heads: client.prepare(CLAIM_HEADS).await?,
-            claim_followers: client.prepare(CLAIM_FOLLOWERS).await?,
+            claim_ordered: client.prepare(CLAIM_ORDERED).await?,
+            claim_ordered_sparse: client.prepare(CLAIM_ORDERED_SPARSE).await?,
             claim_unordered: client.prepare(CLAIM_UNORDERED).await?,
-            mark_published: client.prepare(MARK_PUBLISHED).await?,
+            release: client.prepare(RELEASE).await?,
             record_failures: client.prepare(RECORD_FAILURES).await?,
         };
         Ok((client, statements))
     }
 
-    /// Opens a transaction and claims up to `limit` rows with `FOR UPDATE SKIP LOCKED`.
+    /// Opens a transaction and claims up to `limit` rows with `FOR UPDATE SKIP LOCKED`, marking
+    /// the eligible ones processed in the same statement. One round trip: BEGIN and the claim are
+    /// sent together.
     pub async fn claim(&mut self, ordering: Ordering, limit: usize) -> Result<Claim<'_>> {
-        let (client, statements) = self.connection().await?;
-        let tx = client.transaction().await?;
+        if !self.is_connected() {
+            self.reset();
+        }
+        let conn = match self.conn.take() {
+            Some(conn) => conn,
+            None => Self::open(&self.url).await?,
+        };
+        let (client, statements) = &*self.conn.insert(conn);
+        if self.in_tx {
+            client.batch_execute("ROLLBACK").await?;
+            self.in_tx = false;
+        }
+        let sparse = self.sparse && ordering == Ordering::Aggregate;
+        let statement = match ordering {
+            Ordering::None => &statements.claim_unordered,
+            Ordering::Aggregate if sparse => &statements.claim_ordered_sparse,
+            Ordering::Aggregate => &statements.claim_ordered,
+        };
         let limit_i64 = limit as i64;
-        let (groups, claimed) = match ordering {
-            Ordering::None => {
-                let rows = tx.query(&statements.claim_unordered, &[&limit_i64]).await?;
-                let groups: Vec<Vec<OutboxEvent>> =
-                    rows.iter().map(|r| vec![event_from_row(r)]).collect();
-                let claimed = groups.len();
-                (groups, claimed)
+        let params: [&(dyn ToSql + Sync); 1] = [&limit_i64];
+        self.in_tx = true;
+        let (begun, rows) = futures::join!(
+            client.batch_execute("BEGIN"),
+            client.query(statement, &params)
+        );
+        let rows = match (begun, rows) {
+            (Ok(()), rows) => rows?,
+            (Err(e), Ok(rows)) => {
+                // Cannot happen short of a server bug (BEGIN fails only where the claim would
+                // too), but if it did the claim ran in its own transaction and committed its
+                // marks: put them back before reporting the error, so no row is lost.
+                let ids: Vec<Uuid> = rows.iter().map(|r| r.get("id")).collect();
+                self.in_tx = false;
+                client.execute(&statements.release, &[&ids]).await?;
+                return Err(e.into());
             }
+            (Err(e), Err(_)) => return Err(e.into()),
+        };
+        let mut events: Vec<(bool, OutboxEvent)> = rows
+            .iter()
+            .map(|r| (r.get::<_, bool>("head"), event_from_row(r)))
+            .collect();
+        events.sort_by_key(|(_, e)| e.seq);
+        let claimed = events.len();
+        let marked: Vec<Uuid> = events
+            .iter()
+            .filter(|(_, e)| e.eligible)
+            .map(|(_, e)| e.id)
+            .collect();
+        let (groups, full) = match ordering {
+            Ordering::None => (
+                events.into_iter().map(|(_, e)| vec![e]).collect(),
+                claimed >= limit,
+            ),
             Ordering::Aggregate => {
-                let heads: Vec<OutboxEvent> = tx
-                    .query(&statements.claim_heads, &[&limit_i64])
-                    .await?
-                    .iter()
-                    .map(event_from_row)
-                    .collect();
-                let mut claimed = heads.len();
-                let room = limit.saturating_sub(heads.len());
-                let followers = if room > 0 && !heads.is_empty() {
-                    let types: Vec<&str> =
-                        heads.iter().map(|e| e.aggregate_type.as_str()).collect();
-                    let ids: Vec<&str> = heads.iter().map(|e| e.aggregate_id.as_str()).collect();
-                    let seqs: Vec<i64> = heads.iter().map(|e| e.seq).collect();
-                    let rows = tx
-                        .query(
-                            &statements.claim_followers,
-                            &[&types, &ids, &seqs, &(room as i64)],
-                        )
-                        .await?;
-                    claimed += rows.len();
-                    rows.iter().map(event_from_row).collect()
-                } else {
-                    Vec::new()
-                };
-                (group_by_aggregate(heads, followers), claimed)
+                let (heads, followers): (Vec<_>, Vec<_>) =
+                    events.into_iter().partition(|(head, _)| *head);
+                let heads: Vec<OutboxEvent> = heads.into_iter().map(|(_, e)| e).collect();
+                // The statement gives each aggregate at most this many followers.
+                let share = limit
+                    .saturating_sub(heads.len())
+                    .div_ceil(heads.len().max(1));
+                let mut per_head: HashMap<(&str, &str), usize> = HashMap::new();
+                for (_, f) in &followers {
+                    *per_head
+                        .entry((f.aggregate_type.as_str(), f.aggregate_id.as_str()))
+                        .or_default() += 1;
+                }
+                let capped = share > 0 && per_head.values().any(|&n| n >= share);
+                // Walking the seq index found fewer heads than it could take, so it visited every
+                // pending row; hopping between aggregates is cheaper until that changes.
+                self.sparse = heads.len() < limit;
+                let full = claimed >= limit || capped;
+                let followers = followers.into_iter().map(|(_, e)| e).collect();
+                (group_by_aggregate(heads, followers), full)
             }
         };
         Ok(Claim {
-            tx,
+            client,
             statements,
+            in_tx: &mut self.in_tx,
             groups,
             claimed,
+            full,
+            marked,
         })
     }
 }
@@ -203,46 +262,55 @@ fn headers_from_json(value: Option<serde_json::Value>) -> BTreeMap<String, Strin
 }
 
 impl Claim<'_> {
-    /// Marks the acknowledged rows processed (one statement).
-    pub async fn mark_published(&self, ids: &[Uuid]) -> Result<()> {
-        if !ids.is_empty() {
-            self.tx
-                .execute(&self.statements.mark_published, &[&ids])
+    /// Puts back the marked rows that were not published, records the failures (one statement
+    /// each, only when needed) and commits.
+    pub async fn finish(self, published: &[Uuid], failures: &[Failure]) -> Result<()> {
+        let done: HashSet<Uuid> = published
+            .iter()
+            .chain(failures.iter().map(|f| &f.id))
+            .copied()
+            .collect();
+        let held_back: Vec<Uuid> = self
+            .marked
+            .iter()
+            .filter(|id| !done.contains(id))
+            .copied()
+            .collect();
+        if !held_back.is_empty() {
+            self.client
+                .execute(&self.statements.release, &[&held_back])
                 .await?;
         }
-        Ok(())
-    }
-
-    /// Records attempts, errors, retry times and dead letters (one statement).
-    pub async fn record_failures(&self, failures: &[Failure]) -> Result<()> {
-        if failures.is_empty() {
-            return Ok(());
+        if !failures.is_empty() {
+            let ids: Vec<Uuid> = failures.iter().map(|f| f.id).collect();
+            let errors: Vec<&str> = failures.iter().map(|f| f.error.as_str()).collect();
+            let delays: Vec<i64> = failures
+                .iter()
+                .map(|f| f.retry_in.as_millis().min(i64::MAX as u128) as i64)
+                .collect();
+            let dead: Vec<bool> = failures.iter().map(|f| f.dead_letter).collect();
+            let spent: Vec<i32> = failures
+                .iter()
+                .map(|f| i32::from(f.spend_attempt))
+                .collect();
+            self.client
+                .execute(
+                    &self.statements.record_failures,
+                    &[&ids, &errors, &delays, &dead, &spent],
+                )
+                .await?;
         }
-        let ids: Vec<Uuid> = failures.iter().map(|f| f.id).collect();
-        let errors: Vec<&str> = failures.iter().map(|f| f.error.as_str()).collect();
-        let delays: Vec<i64> = failures
-            .iter()
-            .map(|f| f.retry_in.as_millis().min(i64::MAX as u128) as i64)
-            .collect();
-        let dead: Vec<bool> = failures.iter().map(|f| f.dead_letter).collect();
-        let spent: Vec<i32> = failures
-            .iter()
-            .map(|f| i32::from(f.spend_attempt))
-            .collect();
-        self.tx
-            .execute(
-                &self.statements.record_failures,
-                &[&ids, &errors, &delays, &dead, &spent],
-            )
-            .await?;
-        Ok(())
+        self.end("COMMIT").await
     }
 
-    pub async fn commit(self) -> Result<()> {
-        Ok(self.tx.commit().await?)
-    }
-
+    /// Undoes the claim: every row is pending again, no attempt spent.
     pub async fn rollback(self) -> Result<()> {
-        Ok(self.tx.rollback().await?)
+        self.end("ROLLBACK").await
+    }
+
+    async fn end(self, command: &str) -> Result<()> {
+        self.client.batch_execute(command).await?;
+        *self.in_tx = false;
+        Ok(())
     }
 }

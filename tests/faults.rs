@@ -207,3 +207,22 @@ async fn three_relays_keep_per_aggregate_order() {
         r.stop().await;
     }
 }
+
+/// Few aggregates, each with a deep backlog: the relays find heads by hopping between aggregates
+/// (the seq walk would visit every pending row per claim). Two relays side by side, batches wider
+/// than the number of aggregates: order per aggregate holds and every event arrives once.
+#[tokio::test]
+async fn few_deep_aggregates_drain_in_order_with_two_relays() {
+    let env = Env::new().await;
+    env.insert_interleaved(4, 1_500).await; // 6,000 events
+    let mut config = env.config();
+    config.batch_size = 500;
+    let relays = vec![env.spawn(config.clone()).await, env.spawn(config).await];
+    drained(&env, Duration::from_secs(90)).await;
+    let written = env.written().await;
+    assert_eq!(written.len(), 6_000);
+    assert_ledger(&written, &env.stored().await);
+    for r in relays {
+        r.stop().await;
+    }
+}

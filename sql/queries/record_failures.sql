@@ -1,7 +1,9 @@
 -- One statement for every failed row of a batch. $1 ids, $2 errors, $3 retry delays (ms),
--- $4 dead-letter flags, $5 attempts spent (0 or 1).
+-- $4 dead-letter flags, $5 attempts spent (0 or 1). The claim marked these rows processed; this puts
+-- them back to pending in the same transaction.
 UPDATE outbox_events AS e
-SET attempts         = e.attempts + f.spent,
+SET processed_at     = NULL,
+    attempts         = e.attempts + f.spent,
     last_error       = f.error,
     retry_after      = CASE WHEN f.dead THEN NULL ELSE now() + f.delay_ms * interval '1 millisecond' END,
     dead_lettered_at = CASE WHEN f.dead THEN now() ELSE NULL END
