@@ -152,42 +152,38 @@ impl Store {
             }
             (Err(e), Err(_)) => return Err(e.into()),
         };
-        let mut events: Vec<(bool, OutboxEvent)> = rows
-            .iter()
-            .map(|r| (r.get::<_, bool>("head"), event_from_row(r)))
-            .collect();
-        events.sort_by_key(|(_, e)| e.seq);
+        let mut events: Vec<OutboxEvent> = rows.iter().map(event_from_row).collect();
+        events.sort_by_key(|e| e.seq);
         let claimed = events.len();
-        let marked: Vec<Uuid> = events
-            .iter()
-            .filter(|(_, e)| e.eligible)
-            .map(|(_, e)| e.id)
-            .collect();
+        let marked: Vec<Uuid> = events.iter().filter(|e| e.eligible).map(|e| e.id).collect();
         let (groups, full) = match ordering {
             Ordering::None => (
-                events.into_iter().map(|(_, e)| vec![e]).collect(),
+                events.into_iter().map(|e| vec![e]).collect(),
                 claimed >= limit,
             ),
             Ordering::Aggregate => {
-                let (heads, followers): (Vec<_>, Vec<_>) =
-                    events.into_iter().partition(|(head, _)| *head);
-                let heads: Vec<OutboxEvent> = heads.into_iter().map(|(_, e)| e).collect();
+                // The claim holds the head of every aggregate it has rows of, so in seq order an
+                // aggregate's first row is its head.
+                let mut seen: HashSet<(String, String)> = HashSet::new();
+                let (heads, followers): (Vec<OutboxEvent>, Vec<OutboxEvent>) = events
+                    .into_iter()
+                    .partition(|e| seen.insert((e.aggregate_type.clone(), e.aggregate_id.clone())));
                 // The statement gives each aggregate at most this many followers.
                 let share = limit
                     .saturating_sub(heads.len())
                     .div_ceil(heads.len().max(1));
                 let mut per_head: HashMap<(&str, &str), usize> = HashMap::new();
-                for (_, f) in &followers {
+                for f in &followers {
                     *per_head
                         .entry((f.aggregate_type.as_str(), f.aggregate_id.as_str()))
                         .or_default() += 1;
                 }
                 let capped = share > 0 && per_head.values().any(|&n| n >= share);
-                // Walking the seq index found fewer heads than it could take, so it visited every
-                // pending row; hopping between aggregates is cheaper until that changes.
-                self.sparse = heads.len() < limit;
                 let full = claimed >= limit || capped;
-                let followers = followers.into_iter().map(|(_, e)| e).collect();
+                // A full batch with fewer heads than it could take: a deep backlog in few
+                // aggregates, where walking the seq index for heads visits every pending row.
+                // Hopping between aggregates is cheaper there, until either changes.
+                self.sparse = full && heads.len() < limit;
                 (group_by_aggregate(heads, followers), full)
             }
         };

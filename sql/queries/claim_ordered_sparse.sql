@@ -4,9 +4,9 @@
 -- the next through the pending aggregate index instead (a loose index scan: one index descent per
 -- aggregate), takes each aggregate's oldest pending row as its head candidate, and then proceeds as
 -- claim_ordered.sql. Heads come in aggregate order here, not seq order (sorting would make the
--- planner walk the seq index again); the relay uses this variant only while aggregates are fewer
--- than the batch size, so every aggregate gets its head into each batch anyway. The relay picks
--- the variant from what the previous claim found.
+-- planner walk the seq index again). The relay uses this variant only after a full claim that
+-- found fewer heads than the batch size (so every aggregate gets its head into each batch anyway),
+-- and goes back to the walk as soon as a claim is not full or fills up with heads.
 WITH RECURSIVE aggregates AS (
     (SELECT e.aggregate_type, e.aggregate_id
      FROM outbox_events e
@@ -35,10 +35,14 @@ WITH RECURSIVE aggregates AS (
         ORDER BY e.seq
         LIMIT 1) c
 ), heads AS (
+    -- One primary-key probe per candidate, whatever the statistics say: `= ANY(ARRAY(...))`
+    -- rather than a join, and the pending test wrapped in coalesce() so that it does not match
+    -- the pending indexes' predicate (else the planner may scan every pending row against the
+    -- candidates). At most $1 candidates are looked at per claim.
     SELECT e.id, e.seq, e.aggregate_type, e.aggregate_id
     FROM outbox_events e
-    JOIN candidates c ON e.id = c.id
-    WHERE e.processed_at IS NULL
+    WHERE e.id = ANY(ARRAY(SELECT c.id FROM candidates c LIMIT $1))
+      AND coalesce(e.processed_at IS NULL, false)
       AND e.dead_lettered_at IS NULL
       AND (e.retry_after IS NULL OR e.retry_after <= now())
     LIMIT $1

@@ -13,7 +13,6 @@ WITH claimed AS (
 )
 UPDATE outbox_events u
 SET processed_at = now(), retry_after = NULL
-FROM claimed c
-WHERE u.id = c.id
+WHERE u.id = ANY(ARRAY(SELECT id FROM claimed)) -- primary-key probes, see claim_ordered_rest.sql
 RETURNING u.id, u.seq, u.aggregate_type, u.aggregate_id, u.event_type, u.payload::text AS payload,
-          u.headers, u.attempts, u.created_at, true AS head, true AS eligible
+          u.headers, u.attempts, u.created_at, true AS eligible
