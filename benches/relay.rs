@@ -554,7 +554,10 @@ impl RelayProc {
             .args(["--nats-url", &ctx.nats_url])
             .args(["--metrics-addr", "off"])
             .args(extra)
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("OUTBOX_BENCH_RELAY_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log_file);
