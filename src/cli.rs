@@ -30,6 +30,15 @@ pub struct Cli {
         global = true
     )]
     pub log_format: LogFormat,
+    /// Runtime threads. 1 runs the relay on a single thread: its work is I/O, and a wake-up then
+    /// needs no hand-off between threads (lower latency, less CPU). 0: one per core.
+    #[arg(
+        long,
+        env = "OUTBOX_WORKER_THREADS",
+        default_value_t = 1,
+        global = true
+    )]
+    pub worker_threads: usize,
     #[command(subcommand)]
     pub command: Command,
 }
