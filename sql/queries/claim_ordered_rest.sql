@@ -11,7 +11,8 @@
           AND e.aggregate_id = h.aggregate_id
           AND e.seq > h.seq
         ORDER BY e.seq
-        LIMIT (SELECT ($1 - count(*) + count(*) - 1) / greatest(count(*), 1) FROM heads)
+        -- ceil(($1 - heads) / heads): an equal share of the room left after the heads
+        LIMIT (SELECT ($1 - 1) / greatest(count(*), 1) FROM heads)
         FOR UPDATE OF e SKIP LOCKED) f
     LIMIT $1 - (SELECT count(*) FROM heads)
 ), claimed AS (

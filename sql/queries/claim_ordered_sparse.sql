@@ -2,38 +2,29 @@
 -- pending `seq` index for heads visits every pending row (most have an older pending row of their
 -- aggregate), which costs seconds at 100k pending. This variant hops from one pending aggregate to
 -- the next through the pending aggregate index instead (a loose index scan: one index descent per
--- aggregate), takes each aggregate's oldest pending row as its head candidate, and then proceeds as
+-- aggregate) and takes each aggregate's oldest pending row as its head candidate, then proceeds as
 -- claim_ordered.sql. Heads come in aggregate order here, not seq order (sorting would make the
 -- planner walk the seq index again). The relay uses this variant only after a full claim that
 -- found fewer heads than the batch size (so every aggregate gets its head into each batch anyway),
 -- and goes back to the walk as soon as a claim is not full or fills up with heads.
-WITH RECURSIVE aggregates AS (
-    (SELECT e.aggregate_type, e.aggregate_id
+-- The hop reads the pending aggregate index, ordered (aggregate_type, aggregate_id, seq), so the first
+-- entry past the previous aggregate is the next aggregate's oldest pending row: its head candidate.
+WITH RECURSIVE candidates AS (
+    (SELECT e.id, e.aggregate_type, e.aggregate_id
      FROM outbox_events e
      WHERE e.processed_at IS NULL
-     ORDER BY e.aggregate_type, e.aggregate_id
+     ORDER BY e.aggregate_type, e.aggregate_id, e.seq
      LIMIT 1)
     UNION ALL
-    SELECT n.aggregate_type, n.aggregate_id
-    FROM aggregates a
+    SELECT n.id, n.aggregate_type, n.aggregate_id
+    FROM candidates c
     CROSS JOIN LATERAL (
-        SELECT e.aggregate_type, e.aggregate_id
+        SELECT e.id, e.aggregate_type, e.aggregate_id
         FROM outbox_events e
         WHERE e.processed_at IS NULL
-          AND (e.aggregate_type, e.aggregate_id) > (a.aggregate_type, a.aggregate_id)
-        ORDER BY e.aggregate_type, e.aggregate_id
+          AND (e.aggregate_type, e.aggregate_id) > (c.aggregate_type, c.aggregate_id)
+        ORDER BY e.aggregate_type, e.aggregate_id, e.seq
         LIMIT 1) n
-), candidates AS (
-    SELECT c.id
-    FROM aggregates a
-    CROSS JOIN LATERAL (
-        SELECT e.id
-        FROM outbox_events e
-        WHERE e.processed_at IS NULL
-          AND e.aggregate_type = a.aggregate_type
-          AND e.aggregate_id = a.aggregate_id
-        ORDER BY e.seq
-        LIMIT 1) c
 ), heads AS (
     -- One primary-key probe per candidate, whatever the statistics say: `= ANY(ARRAY(...))`
     -- rather than a join, and the pending test wrapped in coalesce() so that it does not match
