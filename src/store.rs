@@ -1,6 +1,7 @@
 //! The relay's PostgreSQL side: claiming, marking and failing rows. The relay loop sees
 //! [`Claim`] and [`OutboxEvent`], never SQL.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
@@ -162,29 +163,17 @@ impl Store {
                 claimed >= limit,
             ),
             Ordering::Aggregate => {
-                // The claim holds the head of every aggregate it has rows of, so in seq order an
-                // aggregate's first row is its head.
-                let mut seen: HashSet<(String, String)> = HashSet::new();
-                let (heads, followers): (Vec<OutboxEvent>, Vec<OutboxEvent>) = events
-                    .into_iter()
-                    .partition(|e| seen.insert((e.aggregate_type.clone(), e.aggregate_id.clone())));
-                // The statement gives each aggregate at most this many followers.
-                let share = limit
-                    .saturating_sub(heads.len())
-                    .div_ceil(heads.len().max(1));
-                let mut per_head: HashMap<(&str, &str), usize> = HashMap::new();
-                for f in &followers {
-                    *per_head
-                        .entry((f.aggregate_type.as_str(), f.aggregate_id.as_str()))
-                        .or_default() += 1;
-                }
-                let capped = share > 0 && per_head.values().any(|&n| n >= share);
-                let full = claimed >= limit || capped;
+                let (groups, deepest) = group_by_aggregate(events);
+                let heads = groups.len();
+                // The statement gives each aggregate at most this many followers (its share of
+                // the room left after the heads); one that got them all probably has more.
+                let share = limit.saturating_sub(1) / heads.max(1);
+                let full = claimed >= limit || (share > 0 && deepest > share);
                 // A full batch with fewer heads than it could take: a deep backlog in few
                 // aggregates, where walking the seq index for heads visits every pending row.
                 // Hopping between aggregates is cheaper there, until either changes.
-                self.sparse = full && heads.len() < limit;
-                (group_by_aggregate(heads, followers), full)
+                self.sparse = full && heads < limit;
+                (groups, full)
             }
         };
         Ok(Claim {
@@ -199,32 +188,36 @@ impl Store {
     }
 }
 
-/// Heads in seq order, each followed by its aggregate's followers up to the first one that is not
-/// eligible (waiting for a retry or dead-lettered): publishing past it would break the order.
-fn group_by_aggregate(
-    heads: Vec<OutboxEvent>,
-    followers: Vec<OutboxEvent>,
-) -> Vec<Vec<OutboxEvent>> {
-    let mut index: HashMap<(String, String), usize> = HashMap::with_capacity(heads.len());
-    let mut groups: Vec<Vec<OutboxEvent>> = Vec::with_capacity(heads.len());
-    let mut stopped = vec![false; heads.len()];
-    for head in heads {
-        index.insert(
-            (head.aggregate_type.clone(), head.aggregate_id.clone()),
-            groups.len(),
-        );
-        groups.push(vec![head]);
-    }
-    for f in followers {
-        let key = (f.aggregate_type.clone(), f.aggregate_id.clone());
-        let Some(&i) = index.get(&key) else { continue };
-        if stopped[i] || !f.eligible {
-            stopped[i] = true;
-            continue;
+/// Claimed rows (in seq order) grouped by aggregate. The claim holds the head of every aggregate
+/// it has rows of, so an aggregate's first row is its head; its followers come next, up to the
+/// first one that is not eligible (waiting for a retry or dead-lettered): publishing past it would
+/// break the order. Also returns the most rows claimed for one aggregate.
+fn group_by_aggregate(events: Vec<OutboxEvent>) -> (Vec<Vec<OutboxEvent>>, usize) {
+    let mut index: HashMap<(String, String), usize> = HashMap::new();
+    let mut groups: Vec<Vec<OutboxEvent>> = Vec::new();
+    // Per group: rows claimed, and whether an ineligible row stopped it.
+    let mut claimed: Vec<(usize, bool)> = Vec::new();
+    for event in events {
+        let key = (event.aggregate_type.clone(), event.aggregate_id.clone());
+        match index.entry(key) {
+            Entry::Vacant(slot) => {
+                slot.insert(groups.len());
+                groups.push(vec![event]);
+                claimed.push((1, false));
+            }
+            Entry::Occupied(slot) => {
+                let i = *slot.get();
+                let (rows, stopped) = &mut claimed[i];
+                *rows += 1;
+                *stopped |= !event.eligible;
+                if !*stopped {
+                    groups[i].push(event);
+                }
+            }
         }
-        groups[i].push(f);
     }
-    groups
+    let deepest = claimed.iter().map(|&(rows, _)| rows).max().unwrap_or(0);
+    (groups, deepest)
 }
 
 fn event_from_row(row: &Row) -> OutboxEvent {
