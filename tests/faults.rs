@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::outbox::{assert_ledger, CliRelay, Env};
+use common::outbox::{assert_ledger, CliRelay, Env, RunningRelay};
 use common::{wait_until, PgCluster, PgOptions};
 use outbox_relay::RelayConfig;
 
@@ -14,6 +14,23 @@ async fn drained(env: &Env, timeout: Duration) {
         env.count("processed_at IS NULL").await == 0
     })
     .await;
+}
+
+/// Waits until nothing is pending, checks that the `expected` written events each arrived once and
+/// in per-aggregate order, then stops the relays.
+async fn all_delivered_in_order(
+    env: &Env,
+    expected: usize,
+    relays: Vec<RunningRelay>,
+    timeout: Duration,
+) {
+    drained(env, timeout).await;
+    let written = env.written().await;
+    assert_eq!(written.len(), expected);
+    assert_ledger(&written, &env.stored().await);
+    for r in relays {
+        r.stop().await;
+    }
 }
 
 #[tokio::test]
@@ -199,13 +216,7 @@ async fn three_relays_keep_per_aggregate_order() {
     for w in writers {
         w.await.expect("writer");
     }
-    drained(&env, Duration::from_secs(60)).await;
-    let written = env.written().await;
-    assert_eq!(written.len(), 5_000);
-    assert_ledger(&written, &env.stored().await);
-    for r in relays {
-        r.stop().await;
-    }
+    all_delivered_in_order(&env, 5_000, relays, Duration::from_secs(60)).await;
 }
 
 /// Few aggregates, each with a deep backlog: the relays find heads by hopping between aggregates
@@ -218,11 +229,5 @@ async fn few_deep_aggregates_drain_in_order_with_two_relays() {
     let mut config = env.config();
     config.batch_size = 500;
     let relays = vec![env.spawn(config.clone()).await, env.spawn(config).await];
-    drained(&env, Duration::from_secs(90)).await;
-    let written = env.written().await;
-    assert_eq!(written.len(), 6_000);
-    assert_ledger(&written, &env.stored().await);
-    for r in relays {
-        r.stop().await;
-    }
+    all_delivered_in_order(&env, 6_000, relays, Duration::from_secs(90)).await;
 }
