@@ -65,10 +65,13 @@ pub enum Command {
     },
     /// Run the relay until SIGTERM/SIGINT.
     Run(Box<RunArgs>),
-    /// Pending events, retries, dead letters and blocked aggregates.
+    /// Pending events, retries, dead letters and blocked aggregates (listed, with their dead head).
     Status {
         #[arg(long)]
         json: bool,
+        /// Blocked aggregates listed at most.
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(i64).range(0..))]
+        limit: i64,
     },
     /// Inspect, retry or discard dead letters.
     #[command(subcommand)]
@@ -162,6 +165,10 @@ pub struct RunArgs {
     pub fallback_interval: Duration,
     #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 1000)]
     pub batch_size: usize,
+    /// Payload bytes per batch (`32MiB`, `4MB`, `1000000`): bounds the relay's memory whatever the
+    /// payloads; a single larger event still goes, alone.
+    #[arg(long, env = "OUTBOX_MAX_BATCH_BYTES", default_value = "32MiB", value_parser = parse_bytes)]
+    pub max_batch_bytes: usize,
     #[arg(long, env = "OUTBOX_MAX_ATTEMPTS", default_value_t = 10)]
     pub max_attempts: u32,
     #[arg(long, env = "OUTBOX_PUBLISH_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
@@ -183,6 +190,18 @@ pub struct RunArgs {
     /// Address for /metrics, /healthz, /readyz; `off` disables.
     #[arg(long, env = "OUTBOX_METRICS_ADDR", default_value = "127.0.0.1:9464", value_parser = parse_metrics_addr)]
     pub metrics_addr: MetricsAddr,
+}
+
+/// A byte size such as `32MiB`, `64 MB` or `1048576`.
+fn parse_bytes(s: &str) -> Result<usize, String> {
+    let size: bytesize::ByteSize = s
+        .trim()
+        .parse()
+        .map_err(|e| format!("{e} (expected a size such as 32MiB)"))?;
+    usize::try_from(size.as_u64())
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| "must be more than 0 bytes".to_string())
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -59,6 +59,9 @@ pub struct RelayConfig {
     pub fallback_interval: Duration,
     /// Rows claimed per transaction.
     pub batch_size: usize,
+    /// Payload bytes claimed per transaction (about: payload text plus headers). Bounds the relay's
+    /// memory whatever the payloads; a single larger row is still claimed, alone.
+    pub max_batch_bytes: usize,
     /// A row failing this many times is dead-lettered.
     pub max_attempts: u32,
     /// Bound on the wait for a batch's acks.
@@ -93,6 +96,7 @@ impl Default for RelayConfig {
             subject_prefix: "outbox".into(),
             fallback_interval: Duration::from_secs(5),
             batch_size: 1000,
+            max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
             max_attempts: 10,
             publish_timeout: Duration::from_secs(5),
             retry_initial: Duration::from_secs(1),
@@ -108,6 +112,9 @@ impl Default for RelayConfig {
 
 /// Largest batch accepted: bounds memory and the acks in flight.
 pub const MAX_BATCH_SIZE: usize = 10_000;
+
+/// Default byte budget of a batch: 32 MiB.
+pub const DEFAULT_MAX_BATCH_BYTES: usize = 32 * 1024 * 1024;
 
 impl RelayConfig {
     /// A config with defaults for everything but the database URL.
@@ -157,6 +164,9 @@ impl RelayConfig {
                 format!("must be between 1 and {MAX_BATCH_SIZE}"),
             ));
         }
+        if self.max_batch_bytes == 0 {
+            return Err(Error::config("max_batch_bytes", "must be at least 1 byte"));
+        }
         if self.max_attempts == 0 {
             return Err(Error::config("max_attempts", "must be at least 1"));
         }
@@ -188,7 +198,7 @@ impl RelayConfig {
         let redact = crate::db::redact;
         format!(
             "database_url={} listen_database_url={} schema={} nats_url={} stream={} create_stream={} subject_prefix={} \
-             fallback_interval={} batch_size={} max_attempts={} publish_timeout={} retry_initial={} \
+             fallback_interval={} batch_size={} max_batch_bytes={} max_attempts={} publish_timeout={} retry_initial={} \
              retry_max={} ordering={:?} notify_mode={:?} retention={} metrics_addr={} nats_creds={} nats_nkey={}",
             redact(&self.database_url),
             self.listen_database_url.as_deref().map(redact).unwrap_or_else(|| "-".into()),
@@ -199,6 +209,7 @@ impl RelayConfig {
             self.subject_prefix,
             humantime::format_duration(self.fallback_interval),
             self.batch_size,
+            self.max_batch_bytes,
             self.max_attempts,
             humantime::format_duration(self.publish_timeout),
             humantime::format_duration(self.retry_initial),

@@ -24,9 +24,13 @@ pub enum Error {
     /// variant exists without the feature too, so that enabling it never changes this enum.
     #[error("database error: {message}")]
     Sqlx { message: String, retryable: bool },
-    /// NATS could not be reached or refused the connection.
+    /// NATS could not be reached.
     #[error("NATS connection failed: {0}")]
     NatsConnect(String),
+    /// A server refused the relay's credentials or its TLS handshake: retrying the same settings
+    /// cannot succeed.
+    #[error("refused: {0}")]
+    Refused(String),
     /// The JetStream stream is missing, or a JetStream API call failed.
     #[error("JetStream: {0}")]
     Stream(String),
@@ -62,6 +66,7 @@ impl Error {
             | Error::InvalidEvent(_)
             | Error::SchemaMissing { .. }
             | Error::Stream(_)
+            | Error::Refused(_)
             | Error::NotFound(_) => false,
         }
     }
@@ -70,6 +75,55 @@ impl Error {
     pub fn is_usage(&self) -> bool {
         matches!(self, Error::Config { .. } | Error::InvalidEvent(_))
     }
+}
+
+/// At start: is this something the relay should wait out (a server not up yet, a database not
+/// created yet) rather than exit on? Credentials refused, TLS verification failed, a missing
+/// schema or stream and invalid settings are not: waiting cannot heal them.
+pub(crate) fn heals_by_waiting(e: &Error) -> bool {
+    match e {
+        Error::Database(e) => {
+            if is_tls_failure(e) {
+                return false;
+            }
+            match e.code() {
+                // The database may not be created yet; everything else of the server's own
+                // (authentication, permissions) is for the operator.
+                Some(code) => {
+                    *code == tokio_postgres::error::SqlState::INVALID_CATALOG_NAME
+                        || is_transient_db_error(e)
+                }
+                None => true,
+            }
+        }
+        Error::NatsConnect(_) | Error::BrokerUnavailable(_) | Error::Timeout(..) | Error::Io(_) => {
+            true
+        }
+        _ => false,
+    }
+}
+
+/// The TLS handshake failed or the server does not offer TLS that the settings require.
+fn is_tls_failure(e: &tokio_postgres::Error) -> bool {
+    if e.to_string().contains("TLS") {
+        return true;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if s.downcast_ref::<rustls::Error>().is_some() {
+            return true;
+        }
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            if io
+                .get_ref()
+                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+            {
+                return true;
+            }
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// tokio-postgres displays server errors as just "db error"; show the server's message.

@@ -2,9 +2,11 @@
 //! keep both valid as NATS subjects and headers.
 
 use std::collections::BTreeMap;
-use std::time::SystemTime;
 
+use bytes::Bytes;
 use uuid::Uuid;
+
+use crate::timestamp::Timestamp;
 
 use crate::error::{Error, Result};
 
@@ -73,19 +75,30 @@ pub struct OutboxEvent {
     pub aggregate_type: String,
     pub aggregate_id: String,
     pub event_type: String,
-    /// The JSON payload as PostgreSQL renders it: published as is, never re-serialized.
-    pub payload: String,
+    /// The JSON payload as PostgreSQL renders it: published as is, never re-serialized. Held once
+    /// (the publish shares these bytes).
+    pub payload: Bytes,
     pub headers: BTreeMap<String, String>,
-    /// Attempts spent before this one.
+    /// Attempts spent before this one (rows written by raw SQL may hold any number).
     pub attempts: i32,
-    pub created_at: SystemTime,
-    /// False for a follower that is waiting for a retry or dead-lettered: its aggregate stops there.
-    pub eligible: bool,
+    pub created_at: Timestamp,
+    /// Why the row cannot be published as it is, found while reading it (headers that are not a
+    /// JSON object, text that is not UTF-8): [`OutboxEvent::validate`] refuses it.
+    pub defect: Option<String>,
 }
 
 impl OutboxEvent {
     /// Rows written with plain SQL never went through [`NewEvent::validate`]; check them the same way.
     pub fn validate(&self) -> Result<()> {
+        if let Some(defect) = &self.defect {
+            return Err(Error::InvalidEvent(defect.clone()));
+        }
+        if let Err(why) = self.created_at.rfc3339() {
+            return Err(Error::InvalidEvent(format!(
+                "created_at {} cannot be sent as an RFC 3339 date: {why}",
+                self.created_at
+            )));
+        }
         validate_name("aggregate_type", &self.aggregate_type, MAX_AGGREGATE_LEN)?;
         validate_name("aggregate_id", &self.aggregate_id, MAX_AGGREGATE_LEN)?;
         validate_event_type(&self.event_type)?;

@@ -1,7 +1,7 @@
 //! `/metrics`, `/healthz` and `/readyz` on one listener.
 
 use std::sync::atomic::Ordering as AtomicOrdering;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -18,7 +18,8 @@ use crate::publisher::Publisher;
 pub(crate) struct Health {
     pub metrics: Arc<Metrics>,
     pub signals: Arc<Signals>,
-    pub publisher: Publisher,
+    /// Set once the relay's start-up found the broker.
+    pub publisher: Arc<OnceLock<Publisher>>,
     /// With `NotifyMode::Poll` there is no listener to be connected.
     pub polling_only: bool,
 }
@@ -44,7 +45,7 @@ pub(crate) async fn serve(
 async fn metrics(State(h): State<Health>) -> impl IntoResponse {
     h.metrics
         .broker_connected
-        .set(i64::from(h.publisher.is_connected()));
+        .set(i64::from(broker_connected(&h)));
     (
         [(
             header::CONTENT_TYPE,
@@ -54,17 +55,31 @@ async fn metrics(State(h): State<Health>) -> impl IntoResponse {
     )
 }
 
+fn broker_connected(h: &Health) -> bool {
+    h.publisher.get().is_some_and(Publisher::is_connected)
+}
+
 /// 200 when the database answers, the listener is connected (or the relay only polls) and NATS is
-/// connected; 503 with the failing parts otherwise.
+/// connected; 503 with the failing parts otherwise (also while the relay waits for them at start).
 async fn readyz(State(h): State<Health>) -> impl IntoResponse {
     let database = h.signals.database_ok.load(AtomicOrdering::Acquire);
     let listener = h.polling_only || h.signals.listener_connected.load(AtomicOrdering::Acquire);
-    let broker = h.publisher.is_connected();
+    let broker = broker_connected(&h);
+    let missing: Vec<&str> = [
+        ("database", database),
+        ("listener", listener),
+        ("broker", broker),
+    ]
+    .into_iter()
+    .filter(|(_, ok)| !ok)
+    .map(|(part, _)| part)
+    .collect();
     let body = serde_json::json!({
-        "ready": database && listener && broker,
+        "ready": missing.is_empty(),
         "database": database,
         "listener": listener,
         "broker": broker,
+        "missing": missing,
     });
     let code = if database && listener && broker {
         StatusCode::OK

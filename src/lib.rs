@@ -18,6 +18,7 @@
 //! - [`ops`]: status, dead letters, cleanup (the operator CLI and the relay's periodic tasks).
 //! - [`metrics`]: Prometheus metrics; `http` serves them with health endpoints.
 //! - [`db`]: connections and secret redaction; [`tls`]: libpq `sslmode` over rustls.
+//! - [`timestamp`]: PostgreSQL timestamps of any value (before 1970, infinities) without panics.
 //! - `sqlx` (feature `sqlx`): `enqueue` for sqlx executors; `otel` (feature `otel`): trace context
 //!   from the current tracing span.
 //!
@@ -41,6 +42,7 @@ pub mod relay;
 #[cfg(feature = "sqlx")]
 pub mod sqlx;
 mod store;
+pub mod timestamp;
 pub mod tls;
 pub mod writer;
 

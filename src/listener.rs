@@ -9,7 +9,7 @@ use std::time::Duration;
 use backoff::backoff::Backoff;
 use futures::StreamExt;
 use tokio::sync::Notify;
-use tokio_postgres::{AsyncMessage, Client};
+use tokio_postgres::{AsyncMessage, Client, Statement};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::NotifyMode;
@@ -68,6 +68,15 @@ impl Signals {
     }
 }
 
+/// A listening connection with this outbox's arming key and statements.
+struct Connected {
+    client: Client,
+    key: i64,
+    arm: Statement,
+    disarm: Statement,
+    armed_by_other: Statement,
+}
+
 pub(crate) struct Listener {
     pub url: String,
     pub mode: NotifyMode,
@@ -92,7 +101,7 @@ impl Listener {
                 r = self.connect() => r,
             };
             match result {
-                Ok((client, closed)) => {
+                Ok((conn, closed)) => {
                     backoff.reset();
                     if !first {
                         self.metrics.listener_reconnects.inc();
@@ -101,7 +110,7 @@ impl Listener {
                     self.set_connected(true);
                     // LISTEN is in place: anything committed before it is found by this poll.
                     self.signals.wake(reason::RECONNECT);
-                    let end = self.serve(&client, closed, &shutdown).await;
+                    let end = self.serve(&conn, closed, &shutdown).await;
                     self.set_connected(false);
                     match end {
                         Ok(()) => return,
@@ -129,7 +138,7 @@ impl Listener {
 
     /// Connects and LISTENs. The connection is driven by its own task, which reads notifications
     /// continuously (also while a batch runs) and wakes the processor directly.
-    async fn connect(&self) -> Result<(Client, tokio::sync::oneshot::Receiver<String>)> {
+    async fn connect(&self) -> Result<(Connected, tokio::sync::oneshot::Receiver<String>)> {
         let (client, mut connection) =
             crate::db::connect_raw(&self.url, "listen_database_url", "outbox-relay-listener")
                 .await?;
@@ -150,18 +159,37 @@ impl Listener {
             };
             let _ = closed_tx.send(why);
         });
+        // Channel and key come from the schema (outbox_wakeup()): two outboxes in one database
+        // never share them.
+        let row = client.query_one(LISTEN, &[]).await?;
+        let listen: String = row.try_get("listen")?;
+        let key: i64 = row.try_get("lock_key")?;
         client
             .batch_execute(&format!(
-                "SET lock_timeout = '{ARM_LOCK_TIMEOUT}'; {LISTEN}"
+                "SET lock_timeout = '{ARM_LOCK_TIMEOUT}'; {listen}"
             ))
             .await?;
-        Ok((client, closed_rx))
+        let statements = (
+            client.prepare(ARM).await?,
+            client.prepare(DISARM).await?,
+            client.prepare(ARMED_BY_OTHER).await?,
+        );
+        Ok((
+            Connected {
+                client,
+                key,
+                arm: statements.0,
+                disarm: statements.1,
+                armed_by_other: statements.2,
+            },
+            closed_rx,
+        ))
     }
 
     /// Serves one connection until it fails (Err) or shutdown (Ok).
     async fn serve(
         &self,
-        client: &Client,
+        conn: &Connected,
         mut closed: tokio::sync::oneshot::Receiver<String>,
         shutdown: &CancellationToken,
     ) -> Result<()> {
@@ -188,13 +216,13 @@ impl Listener {
                     )));
                 }
                 _ = self.signals.arm.notified(), if !armed => {
-                    rearm = self.try_arm(client, &mut armed).await?;
+                    rearm = self.try_arm(conn, &mut armed).await?;
                 }
                 _ = retry, if !armed => {
-                    rearm = self.try_arm(client, &mut armed).await?;
+                    rearm = self.try_arm(conn, &mut armed).await?;
                 }
                 _ = self.signals.notified.notified(), if armed && gated => {
-                    client.batch_execute(DISARM).await?;
+                    conn.client.query(&conn.disarm, &[&conn.key]).await?;
                     armed = false;
                     rearm = None;
                     // The permit may be older than this arming; either way the processor must
@@ -202,7 +230,7 @@ impl Listener {
                     self.signals.wake(reason::NOTIFY);
                 }
                 _ = ping.tick() => {
-                    match tokio::time::timeout(PING_TIMEOUT, client.simple_query(PING)).await {
+                    match tokio::time::timeout(PING_TIMEOUT, conn.client.simple_query(PING)).await {
                         Ok(Ok(_)) => {}
                         Ok(Err(e)) => return Err(e.into()),
                         Err(_) => return Err(Error::Timeout(PING_TIMEOUT, "listener ping".into())),
@@ -215,15 +243,19 @@ impl Listener {
     /// Takes the arming key. On success the processor gets a catch-up poll; when a long writer
     /// transaction holds it up, the processor polls now and arming is retried at once; when another
     /// relay is armed, its notifications reach us as well, and we check again later.
-    async fn try_arm(&self, client: &Client, armed: &mut bool) -> Result<Option<Duration>> {
-        match client.simple_query(ARM).await {
+    async fn try_arm(&self, conn: &Connected, armed: &mut bool) -> Result<Option<Duration>> {
+        match conn.client.query(&conn.arm, &[&conn.key]).await {
             Ok(_) => {
                 *armed = true;
                 self.signals.wake(reason::ARMED);
                 Ok(None)
             }
             Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
-                let covered: bool = client.query_one(ARMED_BY_OTHER, &[]).await?.get(0);
+                let covered: bool = conn
+                    .client
+                    .query_one(&conn.armed_by_other, &[&conn.key])
+                    .await?
+                    .try_get(0)?;
                 if covered {
                     Ok(Some(COVERED_RECHECK))
                 } else {

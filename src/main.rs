@@ -133,11 +133,25 @@ async fn execute(cli: Cli) -> Result<(), Error> {
             Ok(())
         }
         Command::Run(args) => run(raw_database_url(&cli)?, cli.schema.clone(), args).await,
-        Command::Status { json } => {
+        Command::Status { json, limit } => {
             let client = connect_checked(&database_url(&cli)?).await?;
             let s = ops::status(&client).await?;
+            let blocked = ops::blocked_aggregates(&client, *limit).await?;
             if *json {
-                println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
+                #[derive(serde::Serialize)]
+                struct Report<'a> {
+                    #[serde(flatten)]
+                    status: &'a ops::Status,
+                    blocked: &'a [ops::BlockedAggregate],
+                }
+                let report = Report {
+                    status: &s,
+                    blocked: &blocked,
+                };
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).unwrap_or_default()
+                );
             } else {
                 println!("pending:             {}", s.pending);
                 println!("oldest pending age:  {:.1}s", s.oldest_pending_age_seconds);
@@ -145,6 +159,24 @@ async fn execute(cli: Cli) -> Result<(), Error> {
                 println!("due for retry:       {}", s.due_for_retry);
                 println!("dead letters:        {}", s.dead_letters);
                 println!("blocked aggregates:  {}", s.blocked_aggregates);
+                for b in &blocked {
+                    println!(
+                        "  {}/{}  dead head {} ({}, since {}, {} waiting): {}",
+                        b.aggregate_type,
+                        b.aggregate_id,
+                        b.event_id,
+                        b.event_type,
+                        b.dead_lettered_at,
+                        b.waiting_events,
+                        b.last_error.as_deref().unwrap_or("-")
+                    );
+                }
+                if s.blocked_aggregates > blocked.len() as i64 {
+                    println!(
+                        "  ... {} more (--limit)",
+                        s.blocked_aggregates - blocked.len() as i64
+                    );
+                }
             }
             Ok(())
         }
@@ -197,7 +229,7 @@ async fn dead_letters(
                         r.aggregate_id,
                         r.event_type,
                         r.attempts,
-                        humantime::format_rfc3339_seconds(r.dead_lettered_at),
+                        r.dead_lettered_at,
                         r.last_error.unwrap_or_default()
                     );
                 }
@@ -234,6 +266,7 @@ async fn run(database_url: String, schema: Option<String>, args: &RunArgs) -> Re
         subject_prefix: args.subject_prefix.clone(),
         fallback_interval: args.fallback_interval,
         batch_size: args.batch_size,
+        max_batch_bytes: args.max_batch_bytes,
         max_attempts: args.max_attempts,
         publish_timeout: args.publish_timeout,
         retry_initial: args.retry_initial,

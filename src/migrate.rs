@@ -13,11 +13,18 @@ pub struct Migration {
 }
 
 /// Every migration, oldest first. Never edit a released one: add a new version.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "outbox",
-    sql: include_str!("../sql/migrations/0001_outbox.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "outbox",
+        sql: include_str!("../sql/migrations/0001_outbox.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "edges",
+        sql: include_str!("../sql/migrations/0002_edges.sql"),
+    },
+];
 
 /// The schema version this build of the relay needs.
 pub fn current_version() -> i32 {

@@ -8,6 +8,7 @@ use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
+use crate::timestamp::Timestamp;
 
 const STATUS: &str = include_str!("../sql/queries/status.sql");
 const DEAD_LETTERS_LIST: &str = include_str!("../sql/queries/dead_letters_list.sql");
@@ -15,6 +16,7 @@ const DEAD_LETTERS_RETRY: &str = include_str!("../sql/queries/dead_letters_retry
 const DEAD_LETTERS_DISCARD: &str = include_str!("../sql/queries/dead_letters_discard.sql");
 const WAKE: &str = include_str!("../sql/queries/wake.sql");
 const CLEANUP: &str = include_str!("../sql/queries/cleanup.sql");
+const BLOCKED_AGGREGATES: &str = include_str!("../sql/queries/blocked_aggregates.sql");
 
 /// What `outbox-relay status` reports.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -43,6 +45,42 @@ pub async fn status<C: GenericClient + Sync>(client: &C) -> Result<Status> {
     })
 }
 
+/// An aggregate whose later events wait behind a dead letter: what an operator needs to act on it
+/// (`dead-letters retry` or `discard` with `event_id`).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct BlockedAggregate {
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    /// The dead letter at the aggregate's head.
+    pub event_id: Uuid,
+    pub event_type: String,
+    pub last_error: Option<String>,
+    pub dead_lettered_at: Timestamp,
+    /// Pending events of the aggregate behind it.
+    pub waiting_events: i64,
+}
+
+/// Up to `limit` blocked aggregates, oldest dead letter first.
+pub async fn blocked_aggregates<C: GenericClient + Sync>(
+    client: &C,
+    limit: i64,
+) -> Result<Vec<BlockedAggregate>> {
+    let rows = client.query(BLOCKED_AGGREGATES, &[&limit]).await?;
+    rows.iter()
+        .map(|r| {
+            Ok(BlockedAggregate {
+                aggregate_type: r.try_get("aggregate_type")?,
+                aggregate_id: r.try_get("aggregate_id")?,
+                event_id: r.try_get("event_id")?,
+                event_type: r.try_get("event_type")?,
+                last_error: r.try_get("last_error")?,
+                dead_lettered_at: r.try_get("dead_lettered_at")?,
+                waiting_events: r.try_get("waiting_events")?,
+            })
+        })
+        .collect()
+}
+
 /// One row of `outbox_dead_letters`.
 #[derive(Debug, Clone, Serialize)]
 pub struct DeadLetter {
@@ -53,10 +91,9 @@ pub struct DeadLetter {
     pub event_type: String,
     pub attempts: i32,
     pub last_error: Option<String>,
-    #[serde(with = "rfc3339")]
-    pub created_at: SystemTime,
-    #[serde(with = "rfc3339")]
-    pub dead_lettered_at: SystemTime,
+    /// Any value a row can hold (`-infinity`, dates before 1970): printed, never a panic.
+    pub created_at: Timestamp,
+    pub dead_lettered_at: Timestamp,
     pub payload: String,
 }
 
@@ -68,21 +105,22 @@ pub async fn dead_letters<C: GenericClient + Sync>(
     let rows = client
         .query(DEAD_LETTERS_LIST, &[&limit, &event_type])
         .await?;
-    Ok(rows
-        .iter()
-        .map(|r| DeadLetter {
-            id: r.get("id"),
-            seq: r.get("seq"),
-            aggregate_type: r.get("aggregate_type"),
-            aggregate_id: r.get("aggregate_id"),
-            event_type: r.get("event_type"),
-            attempts: r.get("attempts"),
-            last_error: r.get("last_error"),
-            created_at: r.get("created_at"),
-            dead_lettered_at: r.get("dead_lettered_at"),
-            payload: r.get("payload"),
+    rows.iter()
+        .map(|r| {
+            Ok(DeadLetter {
+                id: r.try_get("id")?,
+                seq: r.try_get("seq")?,
+                aggregate_type: r.try_get("aggregate_type")?,
+                aggregate_id: r.try_get("aggregate_id")?,
+                event_type: r.try_get("event_type")?,
+                attempts: r.try_get("attempts")?,
+                last_error: r.try_get("last_error")?,
+                created_at: r.try_get("created_at")?,
+                dead_lettered_at: r.try_get("dead_lettered_at")?,
+                payload: r.try_get("payload")?,
+            })
         })
-        .collect())
+        .collect()
 }
 
 /// Gives the named dead letters (all of them with `None`) a fresh set of attempts. Fails, changing
@@ -155,13 +193,5 @@ pub async fn cleanup<C: GenericClient + Sync>(
         if n < batch_size as u64 {
             return Ok(total);
         }
-    }
-}
-
-mod rfc3339 {
-    use std::time::SystemTime;
-
-    pub fn serialize<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&humantime::format_rfc3339_micros(*t).to_string())
     }
 }

@@ -4,7 +4,6 @@
 use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream::{self, context::PublishErrorKind, stream};
-use bytes::Bytes;
 use futures::future::join_all;
 
 use crate::config::RelayConfig;
@@ -37,28 +36,57 @@ pub enum Outcome {
 pub struct Failure {
     pub kind: FailureKind,
     pub message: String,
+    /// JetStream did not answer on the subject: settled by a probe after the batch.
+    no_responders: bool,
 }
 
-/// Who is to blame for a failed publish: it decides whether an attempt is spent.
+impl Failure {
+    fn new(kind: FailureKind, message: impl Into<String>) -> Self {
+        Failure {
+            kind,
+            message: message.into(),
+            no_responders: false,
+        }
+    }
+}
+
+/// Who is to blame for a failed publish: it decides whether an attempt is spent. Only failures
+/// that are the event's own spend attempts; the broker's trouble never does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailureKind {
-    /// The event can never be published as it is (invalid subject or header): dead-letter it.
+    /// The event can never be published as it is (invalid subject, header or timestamp): dead-letter
+    /// it at once.
     Invalid,
-    /// The broker refused this event (no stream on its subject, payload too large, stream limits).
+    /// The message is larger than the server's `max_payload` or the stream's maximum message size:
+    /// no retry can help, dead-letter it at once.
+    TooLarge,
+    /// JetStream answers, but refuses this event (no stream listens on its subject): spend an
+    /// attempt, retry with backoff.
     Rejected,
-    /// No ack in time: the broker may be slow or gone.
+    /// No ack in time: the broker is slow, restarting or gone. Not the event's fault.
     Timeout,
-    /// The connection to the broker failed: not the event's fault.
+    /// The broker cannot take messages now (connection lost, no responders while JetStream does
+    /// not answer, storage full, no leader): not the event's fault.
     Broker,
 }
 
 impl FailureKind {
     pub fn label(self) -> &'static str {
         match self {
-            FailureKind::Invalid | FailureKind::Rejected => "rejected",
+            FailureKind::Invalid | FailureKind::TooLarge | FailureKind::Rejected => "rejected",
             FailureKind::Timeout => "timeout",
             FailureKind::Broker => "broker",
         }
+    }
+
+    /// Counts against `max_attempts`.
+    pub fn spends_attempt(self) -> bool {
+        self == FailureKind::Rejected
+    }
+
+    /// Dead-letter now, whatever the attempts.
+    pub fn is_permanent(self) -> bool {
+        matches!(self, FailureKind::Invalid | FailureKind::TooLarge)
     }
 }
 
@@ -107,17 +135,22 @@ pub async fn connect(config: &RelayConfig) -> Result<async_nats::Client> {
     }
     options.connect(servers.as_slice()).await.map_err(|e| {
         use async_nats::ConnectErrorKind as K;
-        let what = match e.kind() {
-            K::Authentication | K::AuthorizationViolation => "authentication failed",
-            K::TimedOut => "timed out",
-            K::Tls => "TLS setup failed",
-            _ => "cannot connect",
+        let (what, refused) = match e.kind() {
+            K::Authentication | K::AuthorizationViolation => ("authentication failed", true),
+            K::TimedOut => ("timed out", false),
+            K::Tls => ("TLS setup failed", true),
+            _ => ("cannot connect", false),
         };
-        Error::NatsConnect(format!(
+        let message = format!(
             "{what} ({}): {}",
             crate::db::redact(&config.nats_url),
             crate::db::redact(&e.to_string())
-        ))
+        );
+        if refused {
+            Error::Refused(format!("NATS {message}"))
+        } else {
+            Error::NatsConnect(message)
+        }
     })
 }
 
@@ -192,7 +225,7 @@ impl Publisher {
             Ok(mut s) => s
                 .info()
                 .await
-                .map_err(|e| Error::Stream(e.to_string()))?
+                .map_err(|e| Error::BrokerUnavailable(e.to_string()))?
                 .clone(),
             Err(e) if config.create_stream && is_not_found(&e) => {
                 let window = MIN_DUPLICATE_WINDOW.max(config.longest_redelivery_gap());
@@ -208,11 +241,20 @@ impl Publisher {
                     })
                     .await
                     .map_err(|e| {
-                        Error::Stream(format!("cannot create stream {}: {e}", self.stream))
+                        let message = format!("cannot create stream {}: {e}", self.stream);
+                        // JetStream answered and refused: for the operator. Else: not up yet.
+                        if matches!(
+                            e.kind(),
+                            jetstream::context::CreateStreamErrorKind::JetStream(_)
+                        ) {
+                            Error::Stream(message)
+                        } else {
+                            Error::BrokerUnavailable(message)
+                        }
                     })?;
                 s.info()
                     .await
-                    .map_err(|e| Error::Stream(e.to_string()))?
+                    .map_err(|e| Error::BrokerUnavailable(e.to_string()))?
                     .clone()
             }
             Err(e) if is_not_found(&e) => {
@@ -222,10 +264,11 @@ impl Publisher {
                 )))
             }
             Err(e) => {
-                return Err(Error::Stream(format!(
+                // No answer from JetStream (starting, no leader yet): wait for it.
+                return Err(Error::BrokerUnavailable(format!(
                     "cannot look up stream {}: {e}",
                     self.stream
-                )))
+                )));
             }
         };
         let gap = config.longest_redelivery_gap();
@@ -257,7 +300,25 @@ impl Publisher {
     /// Publishes every group concurrently (pipelined on one connection); within a group, one event
     /// at a time in order, stopping at the first failure so an aggregate's order survives retries.
     pub async fn publish(&self, groups: &[Vec<OutboxEvent>]) -> Vec<Vec<Outcome>> {
-        join_all(groups.iter().map(|group| self.publish_group(group))).await
+        let mut outcomes = join_all(groups.iter().map(|group| self.publish_group(group))).await;
+        // "No responders" means no stream listens on the subject, or JetStream is not answering at
+        // all: only the first is the event's fault. One probe tells them apart.
+        let no_stream = |o: &Outcome| matches!(o, Outcome::Failed(f) if f.no_responders);
+        if outcomes.iter().flatten().any(no_stream) {
+            let kind = if self.probe().await {
+                FailureKind::Rejected
+            } else {
+                FailureKind::Broker
+            };
+            for outcome in outcomes.iter_mut().flatten() {
+                if let Outcome::Failed(f) = outcome {
+                    if f.no_responders {
+                        f.kind = kind;
+                    }
+                }
+            }
+        }
+        outcomes
     }
 
     async fn publish_group(&self, group: &[OutboxEvent]) -> Vec<Outcome> {
@@ -278,17 +339,11 @@ impl Publisher {
     async fn publish_one(&self, event: &OutboxEvent) -> Outcome {
         let headers = match event.validate().map(|()| headers(event)) {
             Ok(h) => h,
-            Err(e) => {
-                return Outcome::Failed(Failure {
-                    kind: FailureKind::Invalid,
-                    message: e.to_string(),
-                })
-            }
+            Err(e) => return Outcome::Failed(Failure::new(FailureKind::Invalid, e.to_string())),
         };
-        let payload = Bytes::copy_from_slice(event.payload.as_bytes());
         let sent = self
             .js
-            .publish_with_headers(self.subject(event), headers, payload)
+            .publish_with_headers(self.subject(event), headers, event.payload.clone())
             .await;
         let result = match sent {
             Ok(ack) => ack.await,
@@ -299,27 +354,60 @@ impl Publisher {
                 duplicate: ack.duplicate,
                 acked_at: SystemTime::now(),
             },
-            Err(e) => {
-                let kind = match e.kind() {
-                    PublishErrorKind::StreamNotFound
-                    | PublishErrorKind::MaxPayloadExceeded
-                    | PublishErrorKind::WrongLastMessageId
-                    | PublishErrorKind::WrongLastSequence
-                    | PublishErrorKind::Other => FailureKind::Rejected,
-                    PublishErrorKind::TimedOut => FailureKind::Timeout,
-                    PublishErrorKind::BrokenPipe | PublishErrorKind::MaxAckPending => {
-                        FailureKind::Broker
-                    }
-                };
-                let message = match e.kind() {
-                    PublishErrorKind::StreamNotFound => format!(
+            Err(e) => Outcome::Failed(self.blame(event, &e)),
+        }
+    }
+
+    /// Whose fault a failed publish is (see [`FailureKind`]).
+    fn blame(&self, event: &OutboxEvent, e: &jetstream::context::PublishError) -> Failure {
+        match e.kind() {
+            PublishErrorKind::MaxPayloadExceeded => Failure::new(
+                FailureKind::TooLarge,
+                format!(
+                    "message too large for the server's max_payload of {} bytes (payload {} bytes plus headers): {e}",
+                    self.client.max_payload(),
+                    event.payload.len()
+                ),
+            ),
+            PublishErrorKind::StreamNotFound => Failure {
+                no_responders: true,
+                ..Failure::new(
+                    FailureKind::Broker,
+                    format!(
                         "no JetStream stream listens on subject {}",
                         self.subject(event)
                     ),
-                    _ => e.to_string(),
-                };
-                Outcome::Failed(Failure { kind, message })
+                )
+            },
+            // Expected-* headers are refused before publishing, so these are the event's own.
+            PublishErrorKind::WrongLastMessageId | PublishErrorKind::WrongLastSequence => {
+                Failure::new(FailureKind::Rejected, e.to_string())
             }
+            PublishErrorKind::TimedOut => Failure::new(FailureKind::Timeout, e.to_string()),
+            PublishErrorKind::Other => {
+                let code = std::error::Error::source(e)
+                    .and_then(|s| s.downcast_ref::<jetstream::Error>())
+                    .map(jetstream::Error::error_code);
+                match code {
+                    Some(jetstream::ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM) => Failure::new(
+                        FailureKind::TooLarge,
+                        format!(
+                            "message larger than the stream's maximum message size (payload {} bytes): {e}",
+                            event.payload.len()
+                        ),
+                    ),
+                    Some(jetstream::ErrorCode::STREAM_NOT_FOUND) => Failure::new(
+                        FailureKind::Rejected,
+                        format!(
+                            "no JetStream stream listens on subject {}",
+                            self.subject(event)
+                        ),
+                    ),
+                    // Storage full, resources exceeded, no leader, the connection...: the broker's.
+                    _ => Failure::new(FailureKind::Broker, e.to_string()),
+                }
+            }
+            _ => Failure::new(FailureKind::Broker, e.to_string()),
         }
     }
 }
@@ -342,12 +430,8 @@ pub fn headers(event: &OutboxEvent) -> async_nats::HeaderMap {
     h.insert(HEADER_AGGREGATE_TYPE, event.aggregate_type.as_str());
     h.insert(HEADER_AGGREGATE_ID, event.aggregate_id.as_str());
     h.insert(HEADER_EVENT_TYPE, event.event_type.as_str());
-    h.insert(
-        HEADER_CREATED_AT,
-        humantime::format_rfc3339_micros(event.created_at)
-            .to_string()
-            .as_str(),
-    );
+    // RFC 3339 for every event that passed validation.
+    h.insert(HEADER_CREATED_AT, event.created_at.to_string().as_str());
     h
 }
 

@@ -2,7 +2,7 @@
 //! records the outcome, and repeats while batches come back full.
 
 use std::sync::atomic::Ordering as AtomicOrdering;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use backoff::backoff::Backoff;
@@ -27,12 +27,10 @@ const LINGER: Duration = Duration::from_millis(2);
 /// [`Relay::run`] it until its shutdown token is cancelled.
 pub struct Relay {
     config: RelayConfig,
-    /// Two worker connections: with `Ordering::None`, during a backlog two batches are in flight at
-    /// once (the second claims while the first publishes; `SKIP LOCKED` keeps them apart).
-    stores: [Store; 2],
-    publisher: Publisher,
     signals: Arc<Signals>,
     metrics: Arc<Metrics>,
+    /// Set once the broker answered at start; read by `/readyz` and `/metrics`.
+    publisher: Arc<OnceLock<Publisher>>,
 }
 
 /// What one batch (or two in flight together) did.
@@ -43,6 +41,8 @@ pub struct BatchReport {
     pub full: bool,
     pub published: usize,
     pub failed: usize,
+    /// Failures that were the broker's trouble (no attempt spent): back off before the next batch.
+    pub broker_failures: usize,
     /// Earliest retry time among rows that failed and will be retried.
     pub next_retry: Option<Duration>,
 }
@@ -55,6 +55,7 @@ impl BatchReport {
             full: self.full || other.full,
             published: self.published + other.published,
             failed: self.failed + other.failed,
+            broker_failures: self.broker_failures + other.broker_failures,
             next_retry: match (self.next_retry, other.next_retry) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -64,8 +65,9 @@ impl BatchReport {
 }
 
 impl Relay {
-    /// Validates the config, checks the schema and the stream (creating it with
-    /// `create_stream`), and connects to NATS. Fails fast with a clear error on any of them.
+    /// Validates the config. Connecting happens in [`Relay::run`], which waits for PostgreSQL and
+    /// NATS to answer (they often start after the relay) and fails fast only on what waiting
+    /// cannot heal.
     pub async fn new(config: RelayConfig) -> Result<Relay> {
         Self::with_metrics(config, Arc::new(Metrics::new())).await
     }
@@ -77,20 +79,10 @@ impl Relay {
         config.database_url = database_url;
         config.listen_database_url = Some(listen_url);
         config.schema = None; // applied to the URLs
-        let client = crate::db::connect(&config.database_url, "outbox-relay").await?;
-        crate::migrate::check_schema(&client).await?;
-        drop(client);
-        let nats = crate::publisher::connect(&config).await?;
-        let publisher = Publisher::new(nats, &config);
-        publisher.ensure_stream(&config).await?;
         Ok(Relay {
-            stores: [
-                Store::new(config.database_url.clone()),
-                Store::new(config.database_url.clone()),
-            ],
-            publisher,
             signals: Arc::new(Signals::default()),
             metrics,
+            publisher: Arc::new(OnceLock::new()),
             config,
         })
     }
@@ -99,11 +91,109 @@ impl Relay {
         self.metrics.clone()
     }
 
-    /// Runs until `shutdown` is cancelled. On shutdown the batch in hand is finished (bounded by
-    /// the publish timeout) and committed; nothing is left locked.
-    pub async fn run(mut self, shutdown: CancellationToken) -> Result<()> {
+    /// Runs until `shutdown` is cancelled. First waits until PostgreSQL has the outbox schema and
+    /// NATS the stream (creating it with `create_stream`), retrying with backoff and logging why;
+    /// fails at once on what waiting cannot heal (credentials refused, TLS verification failed,
+    /// schema missing, stream missing without `create_stream`). On shutdown the batch in hand is
+    /// finished (bounded by the publish timeout) and committed, nothing is left locked, and the
+    /// other relays are woken to take over what is left.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<()> {
         let tasks = CancellationToken::new();
         let mut handles = Vec::new();
+        if let Some(addr) = self.config.metrics_addr {
+            let health = crate::http::Health {
+                metrics: self.metrics.clone(),
+                signals: self.signals.clone(),
+                publisher: self.publisher.clone(),
+                polling_only: self.config.notify_mode == NotifyMode::Poll,
+            };
+            let listener = tokio::net::TcpListener::bind(addr).await?;
+            tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+            handles.push(tokio::spawn(crate::http::serve(
+                listener,
+                health,
+                tasks.clone(),
+            )));
+        }
+        let result = match self.start(&shutdown).await {
+            Ok(Some(publisher)) => self.relay(publisher, &shutdown, &tasks, handles).await,
+            Ok(None) => Ok(()), // shut down while waiting
+            Err(e) => Err(e),
+        };
+        tasks.cancel();
+        tracing::info!("relay stopped");
+        result
+    }
+
+    /// Waits for the database (schema checked) and the broker (stream checked or created).
+    /// `None`: shutdown came first.
+    async fn start(&self, shutdown: &CancellationToken) -> Result<Option<Publisher>> {
+        let mut backoff = ExponentialBackoffBuilder::new()
+            .with_initial_interval(Duration::from_millis(200))
+            .with_max_interval(Duration::from_secs(5))
+            .with_max_elapsed_time(None)
+            .build();
+        let mut database = false;
+        let mut nats: Option<async_nats::Client> = None;
+        loop {
+            if !database {
+                match self.check_database().await {
+                    Ok(()) => {
+                        database = true;
+                        self.signals
+                            .database_ok
+                            .store(true, AtomicOrdering::Release);
+                    }
+                    Err(e) if crate::error::heals_by_waiting(&e) => {
+                        tracing::warn!(error = %e, "database not ready; waiting")
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            if nats.is_none() {
+                match crate::publisher::connect(&self.config).await {
+                    Ok(client) => nats = Some(client),
+                    Err(e) if crate::error::heals_by_waiting(&e) => {
+                        tracing::warn!(error = %e, "broker not ready; waiting")
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            if let (true, Some(client)) = (database, &nats) {
+                let publisher = Publisher::new(client.clone(), &self.config);
+                match publisher.ensure_stream(&self.config).await {
+                    Ok(()) => {
+                        self.metrics.broker_connected.set(1);
+                        let _ = self.publisher.set(publisher.clone());
+                        return Ok(Some(publisher));
+                    }
+                    Err(e) if crate::error::heals_by_waiting(&e) => {
+                        tracing::warn!(error = %e, "JetStream not ready; waiting")
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            let delay = backoff.next_backoff().unwrap_or(Duration::from_secs(5));
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(None),
+                _ = tokio::time::sleep(delay) => {}
+            }
+        }
+    }
+
+    async fn check_database(&self) -> Result<()> {
+        let client = crate::db::connect(&self.config.database_url, "outbox-relay").await?;
+        crate::migrate::check_schema(&client).await
+    }
+
+    /// Starts the side tasks and runs the processor until shutdown, then hands over.
+    async fn relay(
+        &self,
+        publisher: Publisher,
+        shutdown: &CancellationToken,
+        tasks: &CancellationToken,
+        mut handles: Vec<tokio::task::JoinHandle<()>>,
+    ) -> Result<()> {
         if self.config.notify_mode == NotifyMode::Poll {
             // Nothing to be disconnected: keep the "listener disconnected" alert quiet.
             self.metrics.listener_connected.set(1);
@@ -133,31 +223,40 @@ impl Relay {
                 tasks.clone(),
             )));
         }
-        if let Some(addr) = self.config.metrics_addr {
-            let health = crate::http::Health {
-                metrics: self.metrics.clone(),
-                signals: self.signals.clone(),
-                publisher: self.publisher.clone(),
-                polling_only: self.config.notify_mode == NotifyMode::Poll,
-            };
-            let listener = tokio::net::TcpListener::bind(addr).await?;
-            tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
-            handles.push(tokio::spawn(crate::http::serve(
-                listener,
-                health,
-                tasks.clone(),
-            )));
-        }
-
-        let result = self.process(&shutdown).await;
+        let mut processor = Processor {
+            config: &self.config,
+            publisher,
+            signals: &self.signals,
+            metrics: &self.metrics,
+            stores: [
+                Store::new(self.config.database_url.clone()),
+                Store::new(self.config.database_url.clone()),
+            ],
+        };
+        let result = processor.process(shutdown).await;
+        // Whatever is left is for the other relays: wake them rather than leave it to their
+        // fallback poll (a rolling restart of two replicas would otherwise wait for it).
+        processor.stores[0].wake_others().await;
         tasks.cancel();
         for h in handles {
             let _ = h.await;
         }
-        tracing::info!("relay stopped");
         result
     }
+}
 
+/// The batch processor: the loop and its connections.
+struct Processor<'a> {
+    config: &'a RelayConfig,
+    publisher: Publisher,
+    signals: &'a Signals,
+    metrics: &'a Metrics,
+    /// Two worker connections: with `Ordering::None`, during a backlog two batches are in flight at
+    /// once (the second claims while the first publishes; `SKIP LOCKED` keeps them apart).
+    stores: [Store; 2],
+}
+
+impl Processor<'_> {
     /// The processor loop: drain, arm, wait for a wake-up, drain again.
     async fn process(&mut self, shutdown: &CancellationToken) -> Result<()> {
         let mut trouble = ExponentialBackoffBuilder::new()
@@ -176,7 +275,7 @@ impl Relay {
                 }
                 self.metrics.wakeup(wake_reason);
                 let [first, second] = &mut self.stores;
-                let (config, publisher, metrics) = (&self.config, &self.publisher, &*self.metrics);
+                let (config, publisher, metrics) = (self.config, &self.publisher, self.metrics);
                 // A second batch in flight only without ordering: with per-aggregate order the
                 // second claim would mostly find the aggregates of the first one locked and scan
                 // the whole backlog for nothing (measured: 2.6x slower at 1,000 aggregates).
@@ -191,6 +290,22 @@ impl Relay {
                 };
                 backlog = matches!(result, Ok(r) if r.full);
                 match result {
+                    Ok(report) if report.broker_failures > 0 => {
+                        // Some went through, some met the broker's trouble (their rows are back,
+                        // no attempt spent): give the broker a moment before the next batch.
+                        let delay = trouble.next_backoff().unwrap_or(Duration::from_secs(10));
+                        tracing::warn!(
+                            published = report.published,
+                            broker_failures = report.broker_failures,
+                            retry_in_ms = delay.as_millis() as u64,
+                            "broker trouble during a batch; backing off"
+                        );
+                        tokio::select! {
+                            _ = shutdown.cancelled() => return Ok(()),
+                            _ = tokio::time::sleep(delay) => {}
+                        }
+                        wake_reason = "backlog";
+                    }
                     Ok(report) => {
                         trouble.reset();
                         self.metrics.broker_connected.set(1);
@@ -265,7 +380,9 @@ async fn process_batch(
     let started = Instant::now();
     let ordering = config.ordering;
     let batch_size = config.batch_size;
-    let claim = store.claim(ordering, batch_size).await?;
+    let claim = store
+        .claim(ordering, batch_size, config.max_batch_bytes)
+        .await?;
     let claim_ms = started.elapsed().as_secs_f64() * 1000.0;
     let mut report = BatchReport {
         claimed: claim.claimed,
@@ -285,9 +402,13 @@ async fn process_batch(
         .iter()
         .flatten()
         .any(|o| matches!(o, Outcome::Published { .. }));
-    if !any_published && !publisher.probe().await {
-        // Nothing went through and JetStream does not answer: the broker is down, not the
-        // events. Spend no attempts; the rollback releases the rows.
+    let only_broker = outcomes.iter().flatten().all(|o| match o {
+        Outcome::Failed(f) => !f.kind.is_permanent() && !f.kind.spends_attempt(),
+        _ => true,
+    });
+    if !any_published && only_broker {
+        // Nothing went through and nothing failed for a reason of its own: the broker is down,
+        // not the events. Spend no attempts; the rollback releases the rows.
         claim.rollback().await?;
         return Err(Error::BrokerUnavailable(
             first_failure(&outcomes).unwrap_or_else(|| "no ack".into()),
@@ -308,6 +429,9 @@ async fn process_batch(
                 }
                 Outcome::Failed(f) => {
                     let failure = decide(config, metrics, event, f.kind, &f.message);
+                    if !failure.spend_attempt && !failure.dead_letter {
+                        report.broker_failures += 1;
+                    }
                     if !failure.dead_letter {
                         report.next_retry = Some(
                             report
@@ -354,7 +478,11 @@ fn observe_published(
             event_type: event.event_type.clone(),
         })
         .inc();
-    if let Ok(lag) = acked_at.duration_since(event.created_at) {
+    if let Some(lag) = event
+        .created_at
+        .system_time()
+        .and_then(|t| acked_at.duration_since(t).ok())
+    {
         metrics.commit_to_publish.observe(lag.as_secs_f64());
     }
     if duplicate {
@@ -370,11 +498,16 @@ fn decide(
     kind: FailureKind,
     message: &str,
 ) -> Failure {
-    let spend = kind != FailureKind::Broker;
-    let attempt = event.attempts + i32::from(spend);
-    let dead_letter =
-        kind == FailureKind::Invalid || (spend && attempt >= config.max_attempts as i32);
-    let retry_in = retry_delay(config, attempt.max(1) as u32);
+    let spend = kind.spends_attempt();
+    let attempt = event.attempts.saturating_add(i32::from(spend));
+    let max_attempts = i32::try_from(config.max_attempts).unwrap_or(i32::MAX);
+    let dead_letter = kind.is_permanent() || (spend && attempt >= max_attempts);
+    // The broker's trouble: try again soon (the relay itself backs off meanwhile).
+    let retry_in = if spend {
+        retry_delay(config, attempt.max(1).unsigned_abs())
+    } else {
+        config.retry_initial
+    };
     metrics
         .failed
         .get_or_create(&FailedLabels {

@@ -5,13 +5,16 @@ use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use tokio_postgres::types::ToSql;
+use bytes::Bytes;
+use futures::TryStreamExt;
+use tokio_postgres::types::{FromSql, ToSql, Type};
 use tokio_postgres::{Client, Row, Statement};
 use uuid::Uuid;
 
 use crate::config::Ordering;
 use crate::error::Result;
 use crate::event::OutboxEvent;
+use crate::timestamp::Timestamp;
 
 /// The two ordered claims differ in how they find heads; followers and the mark are shared.
 const CLAIM_ORDERED: &str = concat!(
@@ -25,7 +28,8 @@ const CLAIM_ORDERED_SPARSE: &str = concat!(
 const CLAIM_UNORDERED: &str = include_str!("../sql/queries/claim_unordered.sql");
 const RELEASE: &str = include_str!("../sql/queries/release.sql");
 const RECORD_FAILURES: &str = include_str!("../sql/queries/record_failures.sql");
-const WORKER_SESSION: &str = include_str!("../sql/queries/worker_session.sql");
+const WAKE: &str = include_str!("../sql/queries/wake.sql");
+const BEGIN_CLAIM: &str = include_str!("../sql/queries/begin_claim.sql");
 
 struct Statements {
     claim_ordered: Statement,
@@ -97,10 +101,10 @@ impl Store {
         self.conn.as_ref().is_some_and(|(c, _)| !c.is_closed())
     }
 
-    /// A new worker connection with its session settings and prepared statements.
+    /// A new worker connection with its prepared statements (no session state: settings are
+    /// per transaction, see `begin_claim.sql`).
     async fn open(url: &str) -> Result<(Client, Statements)> {
         let client = crate::db::connect(url, "outbox-relay").await?;
-        client.batch_execute(WORKER_SESSION).await?;
         let statements = Statements {
             claim_ordered: client.prepare(CLAIM_ORDERED).await?,
             claim_ordered_sparse: client.prepare(CLAIM_ORDERED_SPARSE).await?,
@@ -111,10 +115,16 @@ impl Store {
         Ok((client, statements))
     }
 
-    /// Opens a transaction and claims up to `limit` rows with `FOR UPDATE SKIP LOCKED`, marking
-    /// the eligible ones processed in the same statement. One round trip: BEGIN and the claim are
-    /// sent together.
-    pub async fn claim(&mut self, ordering: Ordering, limit: usize) -> Result<Claim<'_>> {
+    /// Opens a transaction and claims up to `limit` rows and about `max_bytes` of payload with
+    /// `FOR UPDATE SKIP LOCKED`, marking the publishable ones processed in the same statement. One
+    /// round trip: BEGIN and the claim are sent together. Rows are read as they arrive, so the
+    /// relay holds each payload once.
+    pub async fn claim(
+        &mut self,
+        ordering: Ordering,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Claim<'_>> {
         if !self.is_connected() {
             self.reset();
         }
@@ -133,42 +143,49 @@ impl Store {
             Ordering::Aggregate if sparse => &statements.claim_ordered_sparse,
             Ordering::Aggregate => &statements.claim_ordered,
         };
-        let limit_i64 = limit as i64;
-        let params: [&(dyn ToSql + Sync); 1] = [&limit_i64];
+        let limit_i64 = i64::try_from(limit).unwrap_or(i64::MAX);
+        let bytes_i64 = i64::try_from(max_bytes).unwrap_or(i64::MAX);
         self.in_tx = true;
         let (begun, rows) = futures::join!(
-            client.batch_execute("BEGIN"),
-            client.query(statement, &params)
+            client.batch_execute(BEGIN_CLAIM),
+            read_claim(client, statement, limit_i64, bytes_i64)
         );
-        let rows = match (begun, rows) {
+        let mut rows = match (begun, rows) {
             (Ok(()), rows) => rows?,
             (Err(e), Ok(rows)) => {
                 // Cannot happen short of a server bug (BEGIN fails only where the claim would
                 // too), but if it did the claim ran in its own transaction and committed its
                 // marks: put them back before reporting the error, so no row is lost.
-                let ids: Vec<Uuid> = rows.iter().map(|r| r.get("id")).collect();
+                let ids: Vec<Uuid> = rows
+                    .iter()
+                    .filter_map(|r| r.event.as_ref().map(|e| e.id))
+                    .collect();
                 self.in_tx = false;
                 client.execute(&statements.release, &[&ids]).await?;
                 return Err(e.into());
             }
             (Err(e), Err(_)) => return Err(e.into()),
         };
-        let mut events: Vec<OutboxEvent> = rows.iter().map(event_from_row).collect();
-        events.sort_by_key(|e| e.seq);
-        let claimed = events.len();
-        let marked: Vec<Uuid> = events.iter().filter(|e| e.eligible).map(|e| e.id).collect();
+        rows.sort_by_key(|r| r.seq);
+        let claimed = rows.len();
+        let held = rows.iter().any(|r| r.held);
+        let marked: Vec<Uuid> = rows
+            .iter()
+            .filter_map(|r| r.event.as_ref().map(|e| e.id))
+            .collect();
         let (groups, full) = match ordering {
             Ordering::None => (
-                events.into_iter().map(|e| vec![e]).collect(),
-                claimed >= limit,
+                rows.into_iter()
+                    .filter_map(|r| r.event.map(|e| vec![e]))
+                    .collect(),
+                claimed >= limit || held,
             ),
             Ordering::Aggregate => {
-                let (groups, deepest) = group_by_aggregate(events);
-                let heads = groups.len();
+                let (groups, heads, deepest) = group_by_aggregate(rows);
                 // The statement gives each aggregate at most this many followers (its share of
                 // the room left after the heads); one that got them all probably has more.
                 let share = limit.saturating_sub(1) / heads.max(1);
-                let full = claimed >= limit || (share > 0 && deepest > share);
+                let full = claimed >= limit || (share > 0 && deepest > share) || held;
                 // A full batch with fewer heads than it could take: a deep backlog in few
                 // aggregates, where walking the seq index for heads visits every pending row.
                 // Hopping between aggregates is cheaper there, until either changes.
@@ -186,67 +203,220 @@ impl Store {
             marked,
         })
     }
+
+    /// Wakes the other relays of this outbox (a stopping relay hands its backlog over). Best
+    /// effort, bounded: the others poll on their fallback interval anyway.
+    pub async fn wake_others(&mut self) {
+        let Some((client, _)) = self.conn.as_ref().filter(|(c, _)| !c.is_closed()) else {
+            return;
+        };
+        if self.in_tx {
+            return;
+        }
+        let wake = tokio::time::timeout(Duration::from_secs(2), client.batch_execute(WAKE));
+        match wake.await {
+            Ok(Ok(())) => tracing::debug!("woke the other relays"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "could not wake the other relays"),
+            Err(_) => tracing::warn!("waking the other relays timed out"),
+        }
+    }
 }
 
-/// Claimed rows (in seq order) grouped by aggregate. The claim holds the head of every aggregate
-/// it has rows of, so an aggregate's first row is its head; its followers come next, up to the
-/// first one that is not eligible (waiting for a retry or dead-lettered): publishing past it would
-/// break the order. Also returns the most rows claimed for one aggregate.
-fn group_by_aggregate(events: Vec<OutboxEvent>) -> (Vec<Vec<OutboxEvent>>, usize) {
-    let mut index: HashMap<(String, String), usize> = HashMap::new();
+/// One row of a claim, in seq order. `event` is `Some` for a row marked processed by the claim (to
+/// be published now); `None` for a row claimed but not publishable now: not eligible (waiting for
+/// its retry, dead-lettered) or `held` back (by the byte budget, or behind a row locked by another
+/// session). An aggregate stops at its first row without an event.
+struct ClaimedRow {
+    seq: i64,
+    aggregate: (String, String),
+    event: Option<OutboxEvent>,
+    held: bool,
+}
+
+async fn read_claim(
+    client: &Client,
+    statement: &Statement,
+    limit: i64,
+    max_bytes: i64,
+) -> Result<Vec<ClaimedRow>> {
+    let params: [&(dyn ToSql + Sync); 2] = [&limit, &max_bytes];
+    let stream = client.query_raw(statement, params).await?;
+    futures::pin_mut!(stream);
+    let mut rows = Vec::new();
+    while let Some(row) = stream.try_next().await? {
+        rows.push(claimed_row(&row)?);
+    }
+    Ok(rows)
+}
+
+/// Claimed rows (in seq order) grouped by aggregate: each aggregate's rows from its head up to its
+/// first row that is not to be published now (publishing past it would break the order). Returns
+/// the groups, the number of aggregates claimed and the most rows claimed for one aggregate.
+fn group_by_aggregate(rows: Vec<ClaimedRow>) -> (Vec<Vec<OutboxEvent>>, usize, usize) {
+    struct Aggregate {
+        /// The group still taking rows; `None` once the aggregate stopped.
+        group: Option<usize>,
+        rows: usize,
+    }
+    let mut index: HashMap<(String, String), Aggregate> = HashMap::new();
     let mut groups: Vec<Vec<OutboxEvent>> = Vec::new();
-    // Per group: rows claimed, and whether an ineligible row stopped it.
-    let mut claimed: Vec<(usize, bool)> = Vec::new();
-    for event in events {
-        let key = (event.aggregate_type.clone(), event.aggregate_id.clone());
-        match index.entry(key) {
+    for row in rows {
+        match index.entry(row.aggregate) {
             Entry::Vacant(slot) => {
-                slot.insert(groups.len());
-                groups.push(vec![event]);
-                claimed.push((1, false));
+                let group = row.event.map(|e| {
+                    groups.push(vec![e]);
+                    groups.len() - 1
+                });
+                slot.insert(Aggregate { group, rows: 1 });
             }
-            Entry::Occupied(slot) => {
-                let i = *slot.get();
-                let (rows, stopped) = &mut claimed[i];
-                *rows += 1;
-                *stopped |= !event.eligible;
-                if !*stopped {
-                    groups[i].push(event);
+            Entry::Occupied(mut slot) => {
+                let aggregate = slot.get_mut();
+                aggregate.rows += 1;
+                match (aggregate.group, row.event) {
+                    (Some(g), Some(event)) => groups[g].push(event),
+                    _ => aggregate.group = None,
                 }
             }
         }
     }
-    let deepest = claimed.iter().map(|&(rows, _)| rows).max().unwrap_or(0);
-    (groups, deepest)
+    let deepest = index.values().map(|a| a.rows).max().unwrap_or(0);
+    (groups, index.len(), deepest)
 }
 
-fn event_from_row(row: &Row) -> OutboxEvent {
-    let headers: Option<serde_json::Value> = row.get("headers");
-    OutboxEvent {
-        id: row.get("id"),
-        seq: row.get("seq"),
-        aggregate_type: row.get("aggregate_type"),
-        aggregate_id: row.get("aggregate_id"),
-        event_type: row.get("event_type"),
-        payload: row.get("payload"),
-        headers: headers_from_json(headers),
-        attempts: row.get("attempts"),
-        created_at: row.get("created_at"),
-        eligible: row.get("eligible"),
+/// Reads one row of a claim statement. Never fails on what a row holds (rows are written by raw
+/// SQL too): a value the relay cannot use becomes the event's `defect`, and the event is
+/// dead-lettered with it.
+fn claimed_row(row: &Row) -> Result<ClaimedRow> {
+    let aggregate_type = text(row, "aggregate_type")?;
+    let aggregate_id = text(row, "aggregate_id")?;
+    let seq: i64 = row.try_get("seq")?;
+    let eligible: bool = row.try_get("eligible")?;
+    let held: bool = row.try_get("held")?;
+    let aggregate = (
+        aggregate_type.clone().unwrap_or_else(|e| e),
+        aggregate_id.clone().unwrap_or_else(|e| e),
+    );
+    if !eligible {
+        return Ok(ClaimedRow {
+            seq,
+            aggregate,
+            event: None,
+            held,
+        });
+    }
+    let mut defects = Vec::new();
+    let mut take = |field: Result<String, String>| {
+        field.unwrap_or_else(|e| {
+            defects.push(e);
+            String::new()
+        })
+    };
+    let aggregate_type = take(aggregate_type);
+    let aggregate_id = take(aggregate_id);
+    let event_type = take(text(row, "event_type")?);
+    let (headers, header_defect) = headers_from_json(row.try_get("headers")?);
+    defects.extend(header_defect);
+    let payload: Option<Payload> = row.try_get("payload")?;
+    let event = OutboxEvent {
+        id: row.try_get("id")?,
+        seq,
+        aggregate_type,
+        aggregate_id,
+        event_type,
+        payload: payload.map(|p| p.0).unwrap_or_default(),
+        headers,
+        attempts: row.try_get::<_, Option<i32>>("attempts")?.unwrap_or(0),
+        created_at: row
+            .try_get::<_, Option<Timestamp>>("created_at")?
+            .unwrap_or_else(Timestamp::now),
+        defect: (!defects.is_empty()).then(|| defects.join("; ")),
+    };
+    Ok(ClaimedRow {
+        seq,
+        aggregate,
+        event: Some(event),
+        held,
+    })
+}
+
+/// A text column as UTF-8, or why it is not (a database in SQL_ASCII can hold any bytes).
+fn text(row: &Row, column: &str) -> Result<Result<String, String>> {
+    let raw: Option<RawText> = row.try_get(column)?;
+    Ok(match raw {
+        None => Ok(String::new()),
+        Some(RawText(bytes)) => String::from_utf8(bytes).map_err(|e| {
+            let lossy = String::from_utf8_lossy(e.as_bytes()).into_owned();
+            format!("{column} {lossy:?} is not valid UTF-8")
+        }),
+    })
+}
+
+/// A text value's bytes, whatever they are.
+struct RawText(Vec<u8>);
+
+impl<'a> FromSql<'a> for RawText {
+    fn from_sql(
+        _: &Type,
+        raw: &'a [u8],
+    ) -> std::result::Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(RawText(raw.to_vec()))
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        matches!(*ty, Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME)
     }
 }
 
-/// `headers` is a JSON object of strings; other value types are sent as their JSON text.
-fn headers_from_json(value: Option<serde_json::Value>) -> BTreeMap<String, String> {
-    match value {
-        Some(serde_json::Value::Object(map)) => map
-            .into_iter()
-            .map(|(k, v)| match v {
-                serde_json::Value::String(s) => (k, s),
-                other => (k, other.to_string()),
-            })
-            .collect(),
-        _ => BTreeMap::new(),
+/// The payload's JSON text as the bytes that are published: copied once out of the row.
+struct Payload(Bytes);
+
+impl<'a> FromSql<'a> for Payload {
+    fn from_sql(
+        _: &Type,
+        raw: &'a [u8],
+    ) -> std::result::Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(Payload(Bytes::copy_from_slice(raw)))
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        matches!(*ty, Type::TEXT | Type::VARCHAR)
+    }
+}
+
+/// `headers` must be a JSON object (or null); string values are sent as they are, other values as
+/// their JSON text. Anything else is a defect of the row: it is dead-lettered rather than
+/// published without the headers its writer meant it to have.
+fn headers_from_json(text: Option<String>) -> (BTreeMap<String, String>, Option<String>) {
+    let Some(text) = text else {
+        return (BTreeMap::new(), None);
+    };
+    match serde_json::from_str::<serde_json::Value>(&text) {
+        Ok(serde_json::Value::Null) => (BTreeMap::new(), None),
+        Ok(serde_json::Value::Object(map)) => (
+            map.into_iter()
+                .map(|(k, v)| match v {
+                    serde_json::Value::String(s) => (k, s),
+                    other => (k, other.to_string()),
+                })
+                .collect(),
+            None,
+        ),
+        Ok(other) => {
+            let kind = match other {
+                serde_json::Value::Array(_) => "an array",
+                serde_json::Value::String(_) => "a string",
+                serde_json::Value::Number(_) => "a number",
+                _ => "a boolean",
+            };
+            (
+                BTreeMap::new(),
+                Some(format!("headers must be a JSON object, found {kind}")),
+            )
+        }
+        Err(e) => (
+            BTreeMap::new(),
+            Some(format!("headers cannot be read as JSON: {e}")),
+        ),
     }
 }
 

@@ -131,11 +131,11 @@ fn claimed(e: &NewEvent) -> OutboxEvent {
         aggregate_type: e.aggregate_type.clone(),
         aggregate_id: e.aggregate_id.clone(),
         event_type: e.event_type.clone(),
-        payload: e.payload.to_string(),
+        payload: e.payload.to_string().into(),
         headers: e.headers.clone(),
         attempts: 0,
-        created_at: SystemTime::now(),
-        eligible: true,
+        created_at: SystemTime::now().into(),
+        defect: None,
     }
 }
 

@@ -1,4 +1,5 @@
--- Claim and mark, in one statement, up to $1 rows in per-aggregate order. Runs inside the batch's
+-- Claim and mark, in one statement, up to $1 rows in per-aggregate order, and up to $2 bytes of
+-- payload (a single larger row still goes alone). Runs inside the batch's
 -- transaction, which commits only after JetStream acknowledged the rows; rows that were not
 -- acknowledged are put back (`release.sql`, `record_failures.sql`) before the commit. Until then
 -- other relays see the rows as pending (MVCC) and locked (SKIP LOCKED), so they neither claim them
@@ -12,7 +13,8 @@
 -- left per aggregate so that one deep aggregate does not crowd out the others. Nobody else can
 -- claim them (their head is pending and held here).
 WITH heads AS (
-    SELECT e.id, e.seq, e.aggregate_type, e.aggregate_id
+    SELECT e.id, e.seq, e.aggregate_type, e.aggregate_id,
+           outbox_row_size(e.payload, e.headers) AS size
     FROM outbox_events e
     WHERE e.processed_at IS NULL
       AND e.dead_lettered_at IS NULL

@@ -1,8 +1,10 @@
 -- --ordering none: claim and mark, in one statement, the oldest claimable rows whatever their
--- aggregate. As claim_ordered.sql, this runs inside the batch's transaction, which commits only
--- after the acks; rows that were not acknowledged are put back before the commit.
+-- aggregate: up to $1 rows and $2 bytes of payload (a single larger row still goes alone). As
+-- claim_ordered.sql, this runs inside the batch's transaction, which commits only after the acks;
+-- rows that were not acknowledged are put back before the commit.
 WITH claimed AS (
-    SELECT e.id
+    SELECT e.id, e.seq, e.aggregate_type, e.aggregate_id,
+           outbox_row_size(e.payload, e.headers) AS size
     FROM outbox_events e
     WHERE e.processed_at IS NULL
       AND e.dead_lettered_at IS NULL
@@ -10,9 +12,23 @@ WITH claimed AS (
     ORDER BY e.seq
     LIMIT $1
     FOR UPDATE OF e SKIP LOCKED
+), plan AS (
+    SELECT c.id, c.seq, c.aggregate_type, c.aggregate_id,
+           sum(c.size) OVER (ORDER BY c.seq ROWS UNBOUNDED PRECEDING) <= $2
+             OR row_number() OVER (ORDER BY c.seq) = 1 AS publish
+    FROM claimed c
+), marked AS (
+    UPDATE outbox_events u
+    SET processed_at = now(), retry_after = NULL
+    WHERE u.id = ANY(ARRAY(SELECT p.id FROM plan p WHERE p.publish)) -- primary-key probes, see claim_ordered_rest.sql
+    RETURNING u.id, u.seq, u.aggregate_type, u.aggregate_id, u.event_type,
+              u.payload::text AS payload, u.headers::text AS headers, u.attempts, u.created_at,
+              true AS eligible, false AS held
 )
-UPDATE outbox_events u
-SET processed_at = now(), retry_after = NULL
-WHERE u.id = ANY(ARRAY(SELECT id FROM claimed)) -- primary-key probes, see claim_ordered_rest.sql
-RETURNING u.id, u.seq, u.aggregate_type, u.aggregate_id, u.event_type, u.payload::text AS payload,
-          u.headers, u.attempts, u.created_at, true AS eligible
+-- Rows over the byte budget stay locked but unmarked until the commit; the relay claims again.
+SELECT * FROM marked
+UNION ALL
+SELECT p.id, p.seq, p.aggregate_type, p.aggregate_id, NULL::varchar, NULL::text, NULL::text,
+       NULL::int, NULL::timestamptz, false, true
+FROM plan p
+WHERE NOT p.publish

@@ -1,1 +1,2 @@
-SELECT pg_advisory_unlock(7250010002)
+-- $1: this outbox's arming key (outbox_wakeup()).
+SELECT pg_advisory_unlock($1::bigint)

@@ -1,2 +1,3 @@
--- Wake every listening relay (operator changes make rows claimable without an INSERT).
-SELECT pg_notify('outbox_event', '')
+-- Wake every listening relay of this outbox (operator changes make rows claimable without an
+-- INSERT; a relay that stops hands its backlog over).
+SELECT pg_notify(channel, '') FROM outbox_wakeup()

@@ -159,6 +159,16 @@ impl Env {
 
     /// Every message in the stream, in stream order.
     pub async fn stored(&self) -> Vec<Stored> {
+        self.read_stream(false).await
+    }
+
+    /// Every message in the stream with its headers only (payloads left on the server: for big
+    /// events).
+    pub async fn stored_headers(&self) -> Vec<Stored> {
+        self.read_stream(true).await
+    }
+
+    async fn read_stream(&self, headers_only: bool) -> Vec<Stored> {
         let js = self.js().await;
         let s = js.get_stream(STREAM).await.expect("stream");
         let total = self.stream_len().await as usize;
@@ -167,7 +177,10 @@ impl Env {
             return out;
         }
         let consumer = s
-            .create_consumer(jetstream::consumer::pull::OrderedConfig::default())
+            .create_consumer(jetstream::consumer::pull::OrderedConfig {
+                headers_only,
+                ..Default::default()
+            })
             .await
             .expect("ordered consumer");
         let mut messages = consumer.messages().await.expect("messages");
