@@ -179,16 +179,16 @@ pub(crate) fn split_with_env(
 
 /// Takes `sslmode`, `sslrootcert`, `sslcert` and `sslkey` out of `info`, each falling back to its
 /// environment variable (an empty value counts as unset).
-pub(crate) fn take_settings(
+fn take_settings(
     info: &mut ConnInfo,
     field: &'static str,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<TlsSettings> {
+    // An empty value counts as unset, in the string too: `sslmode=''` leaves PGSSLMODE in force
+    // rather than quietly meaning `prefer`.
     let mut setting = |key: &'static str, var: &'static str| -> Option<(String, &'static str)> {
-        let given = info.take(key).map(|v| (v, key));
-        given
-            .or_else(|| env(var).map(|v| (v, var)))
-            .filter(|(v, _)| !v.is_empty())
+        let given = info.take(key).filter(|v| !v.is_empty()).map(|v| (v, key));
+        given.or_else(|| env(var).filter(|v| !v.is_empty()).map(|v| (v, var)))
     };
     let mode = setting("sslmode", "PGSSLMODE");
     let root = setting("sslrootcert", "PGSSLROOTCERT");
@@ -461,8 +461,12 @@ mod tests {
                 key: "/url/k".into()
             })
         );
-        // Empty counts as unset.
+        // Empty counts as unset, in the string too.
         assert_eq!(settings("host=h", &[("PGSSLMODE", "")]).mode, Mode::Prefer);
+        assert_eq!(
+            settings("host=h sslmode=''", &[("PGSSLMODE", "require")]).mode,
+            Mode::Require
+        );
         let err = split_env("host=h", &[("PGSSLMODE", "sometimes")])
             .expect_err("bad PGSSLMODE")
             .to_string();
