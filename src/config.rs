@@ -1,6 +1,7 @@
 //! Relay configuration: a plain struct with defaults and [`RelayConfig::validate`]. The CLI maps its
 //! flags onto it; applications embedding the relay fill it directly.
 
+use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -31,7 +32,8 @@ pub enum NotifyMode {
     Poll,
 }
 
-#[derive(Debug, Clone)]
+/// `Debug` shows the URLs redacted (see [`RelayConfig::redacted`]).
+#[derive(Clone)]
 pub struct RelayConfig {
     /// libpq-style URL of the database holding `outbox_events`.
     pub database_url: String,
@@ -193,17 +195,21 @@ impl RelayConfig {
         Ok(())
     }
 
-    /// The effective configuration for logs: URLs with passwords and tokens replaced.
+    /// The effective configuration for logs. The database URLs are shown as their parsed
+    /// parameters with the password replaced (see [`crate::db::redacted_url`]), the NATS URLs with
+    /// their password or token replaced.
     pub fn redacted(&self) -> String {
-        let redact = crate::db::redact;
         format!(
-            "database_url={} listen_database_url={} schema={} nats_url={} stream={} create_stream={} subject_prefix={} \
+            "database_url={:?} listen_database_url={} schema={} nats_url={} stream={} create_stream={} subject_prefix={} \
              fallback_interval={} batch_size={} max_batch_bytes={} max_attempts={} publish_timeout={} retry_initial={} \
              retry_max={} ordering={:?} notify_mode={:?} retention={} metrics_addr={} nats_creds={} nats_nkey={}",
-            redact(&self.database_url),
-            self.listen_database_url.as_deref().map(redact).unwrap_or_else(|| "-".into()),
+            crate::db::redacted_url(&self.database_url),
+            self.listen_database_url
+                .as_deref()
+                .map(|url| format!("{:?}", crate::db::redacted_url(url)))
+                .unwrap_or_else(|| "-".into()),
             self.schema.as_deref().unwrap_or("-"),
-            redact(&self.nats_url),
+            redacted_nats_url(&self.nats_url),
             self.stream,
             self.create_stream,
             self.subject_prefix,
@@ -231,8 +237,8 @@ impl RelayConfig {
             .unwrap_or_else(|| self.database_url.clone());
         match &self.schema {
             Some(schema) => Ok((
-                crate::db::with_schema(&self.database_url, schema)?,
-                crate::db::with_schema(&listen, schema)?,
+                crate::db::with_schema_for(&self.database_url, schema, "database_url")?,
+                crate::db::with_schema_for(&listen, schema, "listen_database_url")?,
             )),
             None => Ok((self.database_url.clone(), listen)),
         }
@@ -243,6 +249,101 @@ impl RelayConfig {
     pub fn longest_redelivery_gap(&self) -> Duration {
         self.retry_max + self.publish_timeout
     }
+}
+
+/// Written by hand so that an application logging its config never prints a password: database
+/// URLs as [`crate::db::redacted_url`] shows them, NATS URLs without password or token.
+impl fmt::Debug for RelayConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let RelayConfig {
+            database_url,
+            listen_database_url,
+            schema,
+            nats_url,
+            nats_creds,
+            nats_nkey,
+            nats_tls_ca,
+            nats_tls_cert,
+            nats_tls_key,
+            stream,
+            create_stream,
+            subject_prefix,
+            fallback_interval,
+            batch_size,
+            max_batch_bytes,
+            max_attempts,
+            publish_timeout,
+            retry_initial,
+            retry_max,
+            ordering,
+            notify_mode,
+            retention,
+            metrics_addr,
+            stats_interval,
+        } = self;
+        f.debug_struct("RelayConfig")
+            .field("database_url", &crate::db::redacted_url(database_url))
+            .field(
+                "listen_database_url",
+                &listen_database_url.as_deref().map(crate::db::redacted_url),
+            )
+            .field("schema", schema)
+            .field("nats_url", &redacted_nats_url(nats_url))
+            .field("nats_creds", nats_creds)
+            .field("nats_nkey", nats_nkey)
+            .field("nats_tls_ca", nats_tls_ca)
+            .field("nats_tls_cert", nats_tls_cert)
+            .field("nats_tls_key", nats_tls_key)
+            .field("stream", stream)
+            .field("create_stream", create_stream)
+            .field("subject_prefix", subject_prefix)
+            .field("fallback_interval", fallback_interval)
+            .field("batch_size", batch_size)
+            .field("max_batch_bytes", max_batch_bytes)
+            .field("max_attempts", max_attempts)
+            .field("publish_timeout", publish_timeout)
+            .field("retry_initial", retry_initial)
+            .field("retry_max", retry_max)
+            .field("ordering", ordering)
+            .field("notify_mode", notify_mode)
+            .field("retention", retention)
+            .field("metrics_addr", metrics_addr)
+            .field("stats_interval", stats_interval)
+            .finish()
+    }
+}
+
+/// NATS server URLs (comma-separated, the scheme optional as for the client) rebuilt from their
+/// parsed form: a password becomes `***`, and so does a lone user part (a token). An entry that
+/// does not parse is not shown.
+fn redacted_nats_url(urls: &str) -> String {
+    urls.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|raw| {
+            let with_scheme = if raw.contains("://") {
+                raw.to_string()
+            } else {
+                format!("nats://{raw}")
+            };
+            let Ok(mut url) = url::Url::parse(&with_scheme) else {
+                return "<unparseable URL>".to_string();
+            };
+            let hidden = if url.password().is_some() {
+                url.set_password(Some(crate::db::conninfo::HIDDEN))
+            } else if !url.username().is_empty() {
+                url.set_username(crate::db::conninfo::HIDDEN)
+            } else {
+                Ok(())
+            };
+            match hidden {
+                Ok(()) => url.to_string(),
+                // A URL that cannot carry credentials never had any; still, show nothing of it.
+                Err(()) => "<unparseable URL>".to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 #[cfg(test)]
@@ -283,6 +384,80 @@ mod tests {
             c.validate(),
             Err(Error::Config {
                 field: "stream",
+                ..
+            })
+        ));
+    }
+
+    const SECRET: &str = "s3cret-Pa55";
+
+    fn leaky_config() -> RelayConfig {
+        let mut c = RelayConfig::new(format!(
+            r"host=db user=app password = '{SECRET} and more' application_name='it\'s me'"
+        ));
+        c.listen_database_url = Some(format!(
+            "postgres://app:{SECRET}@db:5432/x?sslmode=require&password={SECRET}"
+        ));
+        c.nats_url = format!("nats://relay:{SECRET}@n1:4222, tls://{SECRET}@n2:4222,n3:4222");
+        c
+    }
+
+    #[test]
+    fn redacted_shows_parsed_urls_without_secrets() {
+        let shown = leaky_config().redacted();
+        assert!(!shown.contains(SECRET), "{shown}");
+        assert!(!shown.contains("and more"), "{shown}");
+        assert!(
+            shown.contains(
+                r#"database_url="host=db user=app password=*** application_name='it\\'s me'""#
+            ),
+            "{shown}"
+        );
+        assert!(
+            shown.contains(
+                r#"listen_database_url="user=app password=*** host=db port=5432 dbname=x sslmode=require""#
+            ),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("nats_url=nats://relay:***@n1:4222,tls://***@n2:4222,nats://n3:4222"),
+            "{shown}"
+        );
+        let mut c = leaky_config();
+        c.database_url = format!("host=db '{SECRET}");
+        c.nats_url = format!("nats://[{SECRET}");
+        let shown = c.redacted();
+        assert!(!shown.contains(SECRET), "{shown}");
+    }
+
+    #[test]
+    fn debug_never_prints_passwords() {
+        let c = leaky_config();
+        for shown in [format!("{c:?}"), format!("{c:#?}")] {
+            assert!(!shown.contains(SECRET), "{shown}");
+            assert!(!shown.contains("and more"), "{shown}");
+            assert!(shown.contains("password=***"), "{shown}");
+            assert!(shown.contains("nats://relay:***@n1:4222"), "{shown}");
+            assert!(shown.contains("batch_size: 1000"), "{shown}");
+        }
+    }
+
+    #[test]
+    fn tls_parameters_are_checked_with_the_field_named() {
+        let mut c = RelayConfig::new("host=db sslmode = verify-everything");
+        assert!(matches!(
+            c.validate(),
+            Err(Error::Config {
+                field: "database_url",
+                ..
+            })
+        ));
+        c.database_url = "host=db".into();
+        c.listen_database_url = Some("host=db sslrootcert=system sslmode=require".into());
+        assert!(matches!(
+            c.validate(),
+            Err(Error::Config {
+                field: "listen_database_url",
                 ..
             })
         ));

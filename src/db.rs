@@ -1,15 +1,17 @@
 //! PostgreSQL connections: URL parsing, keepalives, redaction. Queries live in [`crate::store`],
 //! [`crate::migrate`] and [`crate::ops`]; their SQL in `sql/`.
 
+pub(crate) mod conninfo;
+
 use std::time::Duration;
 
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::{Client, Config};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use crate::tls::TlsSettings;
-
 use crate::error::{Error, Result};
+use crate::tls::TlsSettings;
+use conninfo::ConnInfo;
 
 /// A connection as tokio-postgres hands it out: drive it (or read its notifications).
 pub type Connection = tokio_postgres::Connection<
@@ -17,8 +19,8 @@ pub type Connection = tokio_postgres::Connection<
     <MakeRustlsConnect as MakeTlsConnect<tokio_postgres::Socket>>::Stream,
 >;
 
-/// Parses a libpq URL or key=value string (with `sslmode`/`sslrootcert` as libpq reads them); the
-/// error names `field`, never the password.
+/// Parses a libpq URL or key=value string (with the TLS parameters and their environment variables
+/// as libpq reads them, see [`crate::tls`]); the error names `field`, never the password.
 pub fn parse_config(url: &str, field: &'static str) -> Result<Config> {
     parse(url, field).map(|(config, _)| config)
 }
@@ -89,20 +91,33 @@ pub fn validate_schema(schema: &str) -> Result<()> {
 }
 
 /// The URL with `search_path` set to `schema`, so that every statement of every connection made
-/// from it finds the outbox objects there.
+/// from it finds the outbox objects there. The result is a key=value string holding every parameter
+/// of `url`.
 pub fn with_schema(url: &str, schema: &str) -> Result<String> {
+    with_schema_for(url, schema, "database_url")
+}
+
+/// [`with_schema`], with errors about the URL itself naming `field`.
+pub(crate) fn with_schema_for(url: &str, schema: &str, field: &'static str) -> Result<String> {
     validate_schema(schema)?;
-    if url.contains("options=") {
+    let mut info = ConnInfo::parse(url, field)?;
+    if info.get("options").is_some() {
         return Err(Error::config(
             "schema",
             "the database URL already sets `options`; put search_path there instead of --schema",
         ));
     }
-    if url.contains("://") {
-        let sep = if url.contains('?') { '&' } else { '?' };
-        Ok(format!("{url}{sep}options=-c%20search_path%3D{schema}"))
-    } else {
-        Ok(format!("{url} options='-c search_path={schema}'"))
+    info.set("options", format!("-c search_path={schema}"));
+    Ok(info.to_conninfo())
+}
+
+/// A database URL as logs and `Debug` show it: its parsed parameters as `key=value`, with
+/// `password` (and `sslpassword`) replaced by `***`. A string that does not parse is not shown at
+/// all.
+pub fn redacted_url(url: &str) -> String {
+    match ConnInfo::parse(url, "database_url") {
+        Ok(info) => info.redacted(),
+        Err(_) => "<unparseable connection string>".into(),
     }
 }
 
@@ -140,21 +155,55 @@ pub fn redact(text: &str) -> String {
     redact_key_values(&out)
 }
 
-/// `password=...` in key=value strings and query parameters.
+/// `password=...` in key=value strings (spaces around `=` and quoted values included) and query
+/// parameters. Free text: only for messages that are not parsed connection strings.
 fn redact_key_values(text: &str) -> String {
+    const KEY: &str = "password";
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
-    while let Some(pos) = rest.find("password=") {
-        let (head, tail) = rest.split_at(pos + "password=".len());
+    while let Some(pos) = rest.find(KEY) {
+        let (head, tail) = rest.split_at(pos + KEY.len());
         out.push_str(head);
+        let Some(after_eq) = tail.trim_start().strip_prefix('=') else {
+            rest = tail;
+            continue;
+        };
+        let value = after_eq.trim_start();
+        out.push_str(&tail[..tail.len() - value.len()]);
         out.push_str("***");
-        let end = tail
-            .find(|c: char| c == '&' || c.is_whitespace())
-            .unwrap_or(tail.len());
-        rest = &tail[end..];
+        rest = &value[value_len(value)..];
     }
     out.push_str(rest);
     out
+}
+
+/// Length of the value at the start of `text`: a single-quoted string (backslash escapes, to the
+/// end if unterminated), or a run up to whitespace or to a `&` that starts another `key=`.
+fn value_len(text: &str) -> usize {
+    let mut chars = text.char_indices();
+    let quoted = text.starts_with('\'');
+    if quoted {
+        chars.next();
+    }
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '\\' => {
+                chars.next();
+            }
+            '\'' if quoted => return i + 1,
+            c if !quoted && c.is_whitespace() => return i,
+            '&' if !quoted && starts_parameter(&text[i + 1..]) => return i,
+            _ => {}
+        }
+    }
+    text.len()
+}
+
+fn starts_parameter(text: &str) -> bool {
+    let key_len = text
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(text.len());
+    key_len > 0 && text[key_len..].starts_with('=')
 }
 
 #[cfg(test)]
@@ -178,5 +227,77 @@ mod tests {
             redact("postgres://a:b@h/x?password=c&x=1"),
             "postgres://a:***@h/x?password=***&x=1"
         );
+    }
+
+    #[test]
+    fn free_text_redaction_knows_spaces_and_quotes() {
+        assert_eq!(
+            redact("host=db password = s3cret dbname=x"),
+            "host=db password = *** dbname=x"
+        );
+        assert_eq!(
+            redact(r"host=db password='a b\' c' dbname=x"),
+            "host=db password=*** dbname=x"
+        );
+        assert_eq!(redact("password='unterminated s3cret"), "password=***");
+        assert_eq!(redact(r"password=a\ b&c x=1"), "password=*** x=1");
+        assert_eq!(
+            redact("password authentication failed for user \"app\""),
+            "password authentication failed for user \"app\""
+        );
+    }
+
+    #[test]
+    fn redacted_urls_come_from_the_parsed_parameters() {
+        for (url, shown) in [
+            (
+                "host=db password = s3cret dbname=x",
+                "host=db password=*** dbname=x",
+            ),
+            (
+                r"host=db password='s3cret and more' user = 'it\'s me'",
+                r"host=db password=*** user='it\'s me'",
+            ),
+            (
+                "postgresql://app:s3cret@db:5433/x?sslmode=require&password=s3cret",
+                "user=app password=*** host=db port=5433 dbname=x sslmode=require",
+            ),
+            ("host=db 's3cret", "<unparseable connection string>"),
+        ] {
+            assert_eq!(redacted_url(url), shown, "{url}");
+        }
+    }
+
+    #[test]
+    fn with_schema_adds_options_to_any_form() {
+        let url = with_schema("postgres://u:p@h/db?sslmode=require", "app").expect("url");
+        assert_eq!(
+            url,
+            "user='u' password='p' host='h' dbname='db' sslmode='require' options='-c search_path=app'"
+        );
+        let url = with_schema(r"host=h password = 'a \'b'", "app").expect("url");
+        assert_eq!(
+            url,
+            r"host='h' password='a \'b' options='-c search_path=app'"
+        );
+        for taken in [
+            "host=h options = '-c x=y'",
+            "postgres://h/db?options=-c%20x%3Dy",
+        ] {
+            assert!(matches!(
+                with_schema(taken, "app"),
+                Err(Error::Config {
+                    field: "schema",
+                    ..
+                })
+            ));
+        }
+        assert!(matches!(
+            with_schema_for("host=h 's3cret", "app", "listen_database_url"),
+            Err(Error::Config {
+                field: "listen_database_url",
+                ..
+            })
+        ));
     }
 }

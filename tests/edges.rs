@@ -396,7 +396,6 @@ async fn broker_kill_restart_cycles_spend_no_attempts() {
     env.insert_interleaved(2_000, 15).await; // 30,000 events
     let mut config = env.config();
     config.max_attempts = 1;
-    config.batch_size = 500;
     config.fallback_interval = Duration::from_secs(1);
     let relay = env.spawn(config).await;
     for (round, at) in [3_000u64, 10_000, 17_000].into_iter().enumerate() {
@@ -612,39 +611,49 @@ async fn status_lists_blocked_aggregates() {
 #[tokio::test]
 async fn a_stopping_relay_hands_over_to_the_others() {
     let env = Env::new().await;
-    // One aggregate: only one relay can work on it at a time; the other is idle and armed.
+    // One aggregate: only one relay can work on it at a time; the other finds its head locked,
+    // goes idle and arms.
     env.insert_sql(20_000, "only", "order.step").await;
-    let first = CliRelay::spawn(&env, &["--batch-size", "100"]);
-    wait_until("first relay draining", Duration::from_secs(20), || async {
+    let named = |name: &str| {
+        let sep = if env.db.contains('?') { '&' } else { '?' };
+        format!("{}{sep}application_name={name}", env.db)
+    };
+    let (url_a, url_b) = (named("relay-a"), named("relay-b"));
+    let a = CliRelay::spawn(&env, &["--batch-size", "100", "--database-url", &url_a]);
+    wait_until("relay a draining", Duration::from_secs(20), || async {
         env.stream_len().await >= 500
     })
     .await;
-    let second = CliRelay::spawn(&env, &["--batch-size", "100"]);
-    // The second relay's listener has armed (its catch-up poll found the head locked).
-    wait_until("second relay armed", Duration::from_secs(20), || async {
-        env.client()
-            .await
-            .query_one(
-                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-                     WHERE l.locktype = 'advisory' AND l.granted
-                       AND a.application_name = 'outbox-relay-listener'",
+    let b = CliRelay::spawn(&env, &["--batch-size", "100", "--database-url", &url_b]);
+    let admin = env.client().await;
+    let armed_relay = || async {
+        admin
+            .query(
+                "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+                 WHERE l.locktype = 'advisory' AND l.granted AND a.datname = current_database()",
                 &[],
             )
             .await
             .expect("locks")
-            .get::<_, i64>(0)
-            >= 1
+            .first()
+            .map(|row| row.get::<_, String>(0))
+    };
+    wait_until("one relay armed", Duration::from_secs(20), || async {
+        armed_relay().await.is_some()
     })
     .await;
+    let armed = armed_relay().await.unwrap_or_default();
     assert!(
         env.count("processed_at IS NULL").await > 2_000,
         "backlog left"
     );
-    assert_eq!(first.terminate(), Some(0));
-    // Fallback polls are a minute away.
+    // Stop the one that drains; the armed one must take over at once (fallback polls are a
+    // minute away).
+    let (draining, idle) = if armed == "relay-a" { (b, a) } else { (a, b) };
+    assert_eq!(draining.terminate(), Some(0));
     drained(&env, Duration::from_secs(30)).await;
     assert_ledger(&env.written().await, &env.stored().await);
-    assert_eq!(second.terminate(), Some(0));
+    assert_eq!(idle.terminate(), Some(0));
 }
 
 /// Item 10: two outboxes in one database (`--schema a`, `--schema b`) arm on keys of their own,

@@ -6,7 +6,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
-use common::NatsServer;
+use common::{NatsServer, PgCluster, PgOptions};
 use outbox_relay::{Relay, RelayConfig};
 
 const SECRET: &str = "s3cret-Pa55";
@@ -184,4 +184,205 @@ async fn run_waits_for_an_unreachable_database_without_printing_its_password() {
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(all.contains("database not ready; waiting"), "{all}");
     assert!(!all.contains(SECRET), "run leaked the secret:\n{all}");
+}
+
+/// The combined stdout and stderr of the CLI run with `args` and `env`.
+fn cli(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    cmd.args(args).env("RUST_LOG", "debug");
+    for var in [
+        "DATABASE_URL",
+        "PGSSLMODE",
+        "PGSSLROOTCERT",
+        "PGSSLCERT",
+        "PGSSLKEY",
+    ] {
+        cmd.env_remove(var);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run the CLI");
+    let all =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code(), all)
+}
+
+/// The output of the CLI run with `args` and `env`, stopped after 1.5 s if still running.
+fn run_for_a_while(args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    cmd.args(args).env("RUST_LOG", "debug");
+    for var in ["PGSSLMODE", "PGSSLROOTCERT", "PGSSLCERT", "PGSSLKEY"] {
+        cmd.env_remove(var);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the CLI");
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    std::thread::sleep(Duration::from_millis(1500)); // the observation window
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+    let out = child.wait_with_output().expect("output");
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+#[tokio::test]
+async fn key_value_passwords_are_never_printed() {
+    let nats = auth_server();
+    let nats_url = format!("nats://relay:{SECRET}@127.0.0.1:{}", nats.port());
+    let dead_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let base = format!("host=127.0.0.1 port={dead_port} user=app dbname=x");
+    for url in [
+        format!("{base} password = {SECRET}"),
+        format!("{base} password= {SECRET}"),
+        format!("{base} password ={SECRET}"),
+        format!("{base} password='{SECRET} and {SECRET}'"),
+        format!(r"{base} password = 'it\'s {SECRET}'"),
+        format!(r"{base} password=a\ {SECRET}"),
+        format!("password\t=\t{SECRET} {base}"),
+        format!(
+            "postgres://app:{SECRET}@127.0.0.1:{dead_port}/x?password={SECRET}&sslmode=disable"
+        ),
+    ] {
+        // `run` waits for the database (it may start later), logging why: stop it meanwhile.
+        let all = run_for_a_while(
+            &[
+                "run",
+                "--metrics-addr",
+                "off",
+                "--listen-database-url",
+                &url,
+            ],
+            &[("DATABASE_URL", &url), ("NATS_URL", &nats_url)],
+        );
+        assert!(all.contains("starting relay"), "{url}: {all}");
+        assert!(all.contains("database not ready"), "{url}: {all}");
+        assert!(all.contains("password=***"), "{url}: {all}");
+        assert!(!all.contains(SECRET), "{url} leaked the secret:\n{all}");
+        for args in [vec!["status"], vec!["migrate"]] {
+            let (code, all) = cli(&args, &[("DATABASE_URL", &url)]);
+            assert_eq!(code, Some(1), "{args:?} {url}: {all}");
+            assert!(
+                !all.contains(SECRET),
+                "{args:?} {url} leaked the secret:\n{all}"
+            );
+        }
+    }
+
+    // A string that does not parse is a usage error that quotes none of it.
+    for url in [
+        format!("host=127.0.0.1 password='{SECRET}"),
+        format!("host=127.0.0.1 {SECRET}"),
+    ] {
+        let (code, all) = cli(&["status"], &[("DATABASE_URL", &url)]);
+        assert_eq!(code, Some(2), "{all}");
+        assert!(all.contains("--database-url"), "{all}");
+        assert!(!all.contains(SECRET), "{url} leaked the secret:\n{all}");
+    }
+}
+
+/// A cluster where every role but `postgres` logs in with a SCRAM password over TCP.
+fn password_cluster(dir: &std::path::Path) -> PgCluster {
+    use std::os::unix::fs::PermissionsExt;
+    let hba = dir.join("pg_hba.conf");
+    std::fs::write(
+        &hba,
+        "local all all trust\n\
+         host all postgres 127.0.0.1/32 trust\n\
+         host all all 127.0.0.1/32 scram-sha-256\n",
+    )
+    .expect("write pg_hba.conf");
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::set_permissions(&hba, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    PgCluster::start(PgOptions::default().setting("hba_file", hba.display().to_string()))
+}
+
+#[tokio::test]
+async fn passwords_with_quotes_and_spaces_reach_the_server_intact() {
+    let dir = tempfile::Builder::new()
+        .prefix("outbox-relay-scram-")
+        .tempdir()
+        .expect("tempdir");
+    let path = dir.path().to_path_buf();
+    let pg = tokio::task::spawn_blocking(move || password_cluster(&path))
+        .await
+        .expect("cluster");
+    let admin_url = pg.create_database().await;
+    let dbname = admin_url.rsplit('/').next().expect("db name").to_string();
+    let password = format!(r"it's {SECRET} \ 100%");
+    let mut admin = common::pg_client(&admin_url).await;
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE app LOGIN SUPERUSER PASSWORD '{}'",
+            password.replace('\'', "''")
+        ))
+        .await
+        .expect("role");
+    outbox_relay::migrate::migrate(&mut admin)
+        .await
+        .expect("migrate");
+
+    let port = pg.port();
+    let quoted = password.replace('\\', r"\\").replace('\'', r"\'");
+    let encoded =
+        percent_encoding::utf8_percent_encode(&password, percent_encoding::NON_ALPHANUMERIC)
+            .to_string();
+    let good = [
+        format!("host=127.0.0.1 port={port} dbname = {dbname} user = app password = '{quoted}' application_name = 'it\\'s \\\\ mine'"),
+        format!("password\n=\n'{quoted}'\nhost=127.0.0.1\nport={port}\ndbname={dbname}\nuser=app"),
+        format!("postgres://app:{encoded}@127.0.0.1:{port}/{dbname}?application_name=it%27s%20%5C%20mine"),
+        format!("postgres://app@127.0.0.1:{port}/{dbname}?password={encoded}"),
+    ];
+    for url in &good {
+        let client = outbox_relay::db::connect(url, "outbox-relay-test")
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        let name: String = client
+            .query_one("SELECT current_setting('application_name')", &[])
+            .await
+            .expect("application_name")
+            .get(0);
+        if url.contains("mine") {
+            assert_eq!(name, r"it's \ mine", "{url}");
+        }
+        let (code, all) = cli(&["status"], &[("DATABASE_URL", url)]);
+        assert_eq!(code, Some(0), "{url}: {all}");
+        assert!(all.contains("pending:"), "{all}");
+        assert!(!all.contains(SECRET), "{url} leaked the secret:\n{all}");
+    }
+
+    // With --schema the options are added to the parsed parameters; the password still works.
+    let with_schema = outbox_relay::db::with_schema(&good[0], "public").expect("with_schema");
+    let client = outbox_relay::db::connect(&with_schema, "outbox-relay-test")
+        .await
+        .expect("with_schema keeps the password");
+    let search_path: String = client
+        .query_one("SHOW search_path", &[])
+        .await
+        .expect("search_path")
+        .get(0);
+    assert_eq!(search_path, "public");
+
+    // A wrong password fails, and the error does not show the password given.
+    let wrong = format!(
+        "host=127.0.0.1 port={port} dbname={dbname} user=app password = 'not {SECRET} either'"
+    );
+    let err = match outbox_relay::db::connect(&wrong, "outbox-relay-test").await {
+        Ok(_) => panic!("a wrong password must fail"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("password authentication failed"), "{err}");
+    assert!(!err.contains(SECRET), "{err}");
+    let (code, all) = cli(&["status"], &[("DATABASE_URL", &wrong)]);
+    assert_eq!(code, Some(1), "{all}");
+    assert!(all.contains("password authentication failed"), "{all}");
+    assert!(!all.contains(SECRET), "leaked the secret:\n{all}");
 }

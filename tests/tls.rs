@@ -6,18 +6,28 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
 
 use common::outbox::Env;
 use common::{PgCluster, PgOptions};
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair,
+};
 
 struct Pki {
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     ca: PathBuf,
     other_ca: PathBuf,
     cert: PathBuf,
     key: PathBuf,
+    /// A client certificate for the role `certuser`, signed by `ca`, and its key.
+    client_cert: PathBuf,
+    client_key: PathBuf,
+    /// The same, signed by `other_ca`.
+    other_client_cert: PathBuf,
+    other_client_key: PathBuf,
 }
 
 fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
@@ -27,8 +37,21 @@ fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
     CertifiedIssuer::self_signed(params, KeyPair::generate().expect("key")).expect("ca")
 }
 
-/// A CA, a server certificate for 127.0.0.1 signed by it, and an unrelated CA. Files readable by
-/// the server's OS user (the key only by it, as PostgreSQL demands).
+fn client_cert(
+    issuer: &CertifiedIssuer<'static, KeyPair>,
+    user: &str,
+) -> (rcgen::Certificate, KeyPair) {
+    let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+    params.distinguished_name.push(DnType::CommonName, user);
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let key = KeyPair::generate().expect("key");
+    let cert = params.signed_by(&key, issuer).expect("client cert");
+    (cert, key)
+}
+
+/// A CA, a server certificate for 127.0.0.1 signed by it, an unrelated CA, and client certificates
+/// signed by each. Files readable by the server's OS user (the server key only by it, as PostgreSQL
+/// demands).
 fn pki() -> Pki {
     let dir = tempfile::Builder::new()
         .prefix("outbox-relay-tls-")
@@ -44,6 +67,8 @@ fn pki() -> Pki {
         .push(DnType::CommonName, "127.0.0.1");
     let key = KeyPair::generate().expect("key");
     let cert = params.signed_by(&key, &root).expect("server cert");
+    let (client, client_key) = client_cert(&root, "certuser");
+    let (other_client, other_client_key) = client_cert(&other, "certuser");
     let write = |name: &str, text: &str, mode: u32| -> PathBuf {
         let path = dir.path().join(name);
         std::fs::write(&path, text).expect("write");
@@ -55,7 +80,11 @@ fn pki() -> Pki {
         other_ca: write("other-ca.pem", &other.pem(), 0o644),
         cert: write("server.crt", &cert.pem(), 0o644),
         key: write("server.key", &key.serialize_pem(), 0o600),
-        _dir: dir,
+        client_cert: write("client.crt", &client.pem(), 0o644),
+        client_key: write("client.key", &client_key.serialize_pem(), 0o600),
+        other_client_cert: write("other-client.crt", &other_client.pem(), 0o644),
+        other_client_key: write("other-client.key", &other_client_key.serialize_pem(), 0o600),
+        dir,
     };
     if nix::unistd::geteuid().is_root() {
         let user = nix::unistd::User::from_name("postgres")
@@ -84,6 +113,22 @@ async fn uses_tls(url: &str) -> outbox_relay::Result<bool> {
 
 fn path(p: &Path) -> String {
     p.display().to_string()
+}
+
+/// `status` run with `DATABASE_URL` and libpq variables `vars` (in a child process: they are
+/// process-wide), none inherited from the test's environment: (exit code, stderr).
+fn status(database_url: &str, vars: &[(&str, &str)]) -> (Option<i32>, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    cmd.arg("status").env("DATABASE_URL", database_url);
+    for var in ["PGSSLMODE", "PGSSLROOTCERT", "PGSSLCERT", "PGSSLKEY"] {
+        cmd.env_remove(var);
+    }
+    cmd.envs(vars.iter().copied());
+    let out = cmd.output().expect("status");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[tokio::test]
@@ -142,11 +187,72 @@ async fn sslmodes_against_a_tls_cluster() {
         );
     }
 
-    // The relay end to end over verify-full (worker and LISTEN connections).
+    // The same in key=value form, with spaces around `=` and quoted values.
+    let dbname = url.rsplit('/').next().expect("db name");
+    let kv = format!(
+        "host=127.0.0.1 port={} dbname={dbname} user=postgres",
+        pg.port()
+    );
+    for params in [
+        "sslmode = require".to_string(),
+        "sslmode= 'require'".to_string(),
+        format!("sslmode = verify-full sslrootcert = '{}'", path(&pki.ca)),
+        format!("sslrootcert='{}' sslmode =verify-ca", path(&pki.ca)),
+    ] {
+        assert!(
+            uses_tls(&format!("{kv} {params}"))
+                .await
+                .unwrap_or_else(|e| panic!("{params}: {e}")),
+            "{params}"
+        );
+    }
+    assert!(!uses_tls(&format!("{kv} sslmode = disable"))
+        .await
+        .expect("disable connects"));
+    let err = uses_tls(&format!(
+        "{kv} sslmode = verify-full sslrootcert = '{}'",
+        path(&pki.other_ca)
+    ))
+    .await
+    .expect_err("a wrong root must fail")
+    .to_string();
+    assert!(err.contains("UnknownIssuer"), "{err}");
+
+    // The system's roots do not know the test CA: sslrootcert=system (verify-full implied) fails.
+    let err = uses_tls(&format!("{kv} sslrootcert=system"))
+        .await
+        .expect_err("the test CA is not a system root")
+        .to_string();
+    assert!(
+        err.contains("UnknownIssuer") || err.contains("no system CA certificates"),
+        "{err}"
+    );
+
+    // The environment variables, in a child process (they are process-wide).
     let mut client = common::pg_client(&url).await;
     outbox_relay::migrate::migrate(&mut client)
         .await
         .expect("migrate");
+    let (ca, other_ca) = (path(&pki.ca), path(&pki.other_ca));
+    for (vars, ok) in [
+        (
+            vec![("PGSSLMODE", "verify-full"), ("PGSSLROOTCERT", ca.as_str())],
+            true,
+        ),
+        (
+            vec![
+                ("PGSSLMODE", "verify-ca"),
+                ("PGSSLROOTCERT", other_ca.as_str()),
+            ],
+            false,
+        ),
+        (vec![("PGSSLROOTCERT", "system")], false),
+    ] {
+        let (code, stderr) = status(&kv, &vars);
+        assert_eq!(code, Some(if ok { 0 } else { 1 }), "{vars:?}: {stderr}");
+    }
+
+    // The relay end to end over verify-full (worker and LISTEN connections).
     let env = Env {
         db: full,
         nats: common::NatsServer::start(),
@@ -171,4 +277,215 @@ async fn sslmodes_against_a_tls_cluster() {
         .get(0);
     assert!(listener_tls, "every relay connection uses TLS");
     relay.stop().await;
+}
+
+/// A server without TLS: `require`, `verify-ca` and `verify-full`, however they are written and
+/// wherever they come from, fail instead of connecting in plaintext.
+#[tokio::test]
+async fn tls_modes_never_fall_back_to_plaintext() {
+    let pki = pki();
+    let url = common::shared_pg().create_database().await;
+    let mut admin = common::pg_client(&url).await;
+    outbox_relay::migrate::migrate(&mut admin)
+        .await
+        .expect("migrate");
+    let dbname = url.rsplit('/').next().expect("db name");
+    let kv = format!(
+        "host=127.0.0.1 port={} dbname={dbname} user=postgres",
+        common::shared_pg().port()
+    );
+    let ca = path(&pki.ca);
+    for tls in [
+        with_params(&url, "sslmode=require"),
+        with_params(&url, "ssl=true"),
+        with_params(&url, &format!("sslmode=verify-full&sslrootcert={ca}")),
+        format!("{kv} sslmode = require"),
+        format!("{kv} sslmode= require"),
+        format!("{kv} sslmode ='require'"),
+        format!("{kv}\tsslmode\t=\trequire"),
+        format!("{kv} sslmode = verify-ca sslrootcert = '{ca}'"),
+        format!("{kv} sslmode = 'verify-full' sslrootcert = '{ca}'"),
+        format!("{kv} sslrootcert = '{ca}' sslmode = require"),
+    ] {
+        let err = match uses_tls(&tls).await {
+            Ok(ssl) => panic!("{tls}: connected (ssl={ssl}) to a server without TLS"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains("server does not support TLS"), "{tls}: {err}");
+        let (code, stderr) = status(&tls, &[]);
+        assert_eq!(code, Some(1), "{tls}: {stderr}");
+        assert!(
+            stderr.contains("server does not support TLS"),
+            "{tls}: {stderr}"
+        );
+    }
+    assert!(!uses_tls(&format!("{kv} sslmode = prefer"))
+        .await
+        .expect("prefer connects without TLS"));
+
+    // From the environment, when the string does not say; the string wins over the environment.
+    for (database_url, vars) in [
+        (kv.clone(), vec![("PGSSLMODE", "require")]),
+        (url.clone(), vec![("PGSSLMODE", "require")]),
+        (
+            kv.clone(),
+            vec![("PGSSLMODE", "verify-full"), ("PGSSLROOTCERT", ca.as_str())],
+        ),
+        (
+            format!("{kv} sslmode = require"),
+            vec![("PGSSLMODE", "disable")],
+        ),
+    ] {
+        let (code, stderr) = status(&database_url, &vars);
+        assert_eq!(code, Some(1), "{vars:?}: {stderr}");
+        assert!(
+            stderr.contains("server does not support TLS"),
+            "{vars:?}: {stderr}"
+        );
+    }
+    let (code, stderr) = status(&kv, &[("PGSSLMODE", "prefer")]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, stderr) = status(
+        &format!("{kv} sslmode=disable"),
+        &[("PGSSLMODE", "require")],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+
+    // Settings that cannot be honoured are usage errors naming the flag.
+    for (database_url, vars, needle) in [
+        (
+            format!("{kv} sslrootcert=system sslmode = require"),
+            vec![],
+            "sslrootcert=system",
+        ),
+        (
+            format!("{kv} sslrootcert=system"),
+            vec![("PGSSLMODE", "verify-ca")],
+            "sslrootcert=system",
+        ),
+        (kv.clone(), vec![("PGSSLMODE", "on")], "PGSSLMODE"),
+        (format!("{kv} sslcert=/nowhere.crt"), vec![], "sslkey"),
+        (
+            format!("{kv} sslmode=require"),
+            vec![("PGSSLCERT", "/nowhere.crt"), ("PGSSLKEY", "/nowhere.key")],
+            "sslcert /nowhere.crt",
+        ),
+    ] {
+        let (code, stderr) = status(&database_url, &vars);
+        assert_eq!(code, Some(2), "{database_url} {vars:?}: {stderr}");
+        assert!(
+            stderr.contains("--database-url") && stderr.contains(needle),
+            "{database_url} {vars:?}: {stderr}"
+        );
+    }
+}
+
+/// A server that requires a client certificate (`cert` authentication for the role `certuser`).
+#[tokio::test]
+async fn client_certificates() {
+    let pki = pki();
+    let hba = pki.dir.path().join("pg_hba.conf");
+    std::fs::write(
+        &hba,
+        "local all all trust\n\
+         hostssl all certuser 127.0.0.1/32 cert\n\
+         host all postgres 127.0.0.1/32 trust\n",
+    )
+    .expect("pg_hba.conf");
+    std::fs::set_permissions(&hba, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let (cert, key, ca, hba_file) = (path(&pki.cert), path(&pki.key), path(&pki.ca), path(&hba));
+    let pg = tokio::task::spawn_blocking(move || {
+        PgCluster::start(
+            PgOptions::default()
+                .setting("ssl", "on")
+                .setting("ssl_cert_file", cert)
+                .setting("ssl_key_file", key)
+                .setting("ssl_ca_file", ca)
+                .setting("hba_file", hba_file),
+        )
+    })
+    .await
+    .expect("cluster");
+    let url = pg.create_database().await;
+    let mut admin = common::pg_client(&url).await;
+    admin
+        .batch_execute("CREATE ROLE certuser LOGIN SUPERUSER")
+        .await
+        .expect("role");
+    outbox_relay::migrate::migrate(&mut admin)
+        .await
+        .expect("migrate");
+    let dbname = url.rsplit('/').next().expect("db name");
+    let kv = format!(
+        "host=127.0.0.1 port={} dbname={dbname} user=certuser",
+        pg.port()
+    );
+    let (ca, client_cert, client_key) =
+        (path(&pki.ca), path(&pki.client_cert), path(&pki.client_key));
+
+    for url in [
+        format!("{kv} sslmode = verify-full sslrootcert = '{ca}' sslcert = '{client_cert}' sslkey = '{client_key}'"),
+        format!("{kv} sslmode=require sslcert={client_cert} sslkey={client_key}"),
+        format!(
+            "postgres://certuser@127.0.0.1:{}/{dbname}?sslmode=verify-ca&sslrootcert={ca}&sslcert={client_cert}&sslkey={client_key}",
+            pg.port()
+        ),
+    ] {
+        let client = outbox_relay::db::connect(&url, "tls-test")
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        let dn: String = client
+            .query_one(
+                "SELECT client_dn FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                &[],
+            )
+            .await
+            .expect("pg_stat_ssl")
+            .get(0);
+        assert!(dn.contains("CN=certuser"), "{url}: {dn}");
+    }
+
+    // Without a certificate, or with one the server's CA did not sign, the server refuses.
+    for (url, needle) in [
+        (
+            format!("{kv} sslmode=verify-full sslrootcert={ca}"),
+            "requires a valid client certificate",
+        ),
+        (
+            format!(
+                "{kv} sslmode=verify-full sslrootcert={ca} sslcert={} sslkey={}",
+                path(&pki.other_client_cert),
+                path(&pki.other_client_key)
+            ),
+            "UnknownCA",
+        ),
+    ] {
+        let err = match outbox_relay::db::connect(&url, "tls-test").await {
+            Ok(_) => panic!("{url}: connected without a valid client certificate"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains(needle), "{url}: {err}");
+    }
+
+    // From the environment (in a child process: the variables are process-wide).
+    let vars = [
+        ("PGSSLMODE", "verify-full"),
+        ("PGSSLROOTCERT", ca.as_str()),
+        ("PGSSLCERT", client_cert.as_str()),
+        ("PGSSLKEY", client_key.as_str()),
+    ];
+    let (code, stderr) = status(&kv, &vars);
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, stderr) = status(&kv, &vars[..2]);
+    assert_eq!(code, Some(1), "without the certificate: {stderr}");
+    // A key that does not belong to the certificate is a usage error before anything is sent.
+    let (code, stderr) = status(
+        &format!("{kv} sslkey={}", path(&pki.other_client_key)),
+        &vars,
+    );
+    assert_eq!(code, Some(2), "mismatched key: {stderr}");
+    assert!(
+        stderr.contains("--database-url") && stderr.contains("sslkey"),
+        "{stderr}"
+    );
 }
