@@ -1,5 +1,6 @@
 //! Consumer-side helper for idempotent handling of at-least-once deliveries.
 
+use tokio_postgres::types::Type;
 use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
@@ -10,10 +11,10 @@ const PROCESS_ONCE: &str = include_str!("../sql/queries/process_once.sql");
 /// Records `event_id` in `processed_events` within the caller's transaction and returns `true` on
 /// the first delivery, `false` on a repeat. Handle the event only when it returns `true`, in the
 /// same transaction, and ack the message after the commit: a crash before the commit redelivers it,
-/// a crash after it finds the id recorded.
+/// a crash after it finds the id recorded. Works through a transaction pooler (unnamed statement).
 pub async fn process_once<C: GenericClient + Sync>(client: &C, event_id: Uuid) -> Result<bool> {
     Ok(client
-        .query_opt(PROCESS_ONCE, &[&event_id])
+        .query_typed_opt(PROCESS_ONCE, &[(&event_id, Type::UUID)])
         .await?
         .is_some())
 }

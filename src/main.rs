@@ -81,14 +81,14 @@ fn raw_database_url(cli: &Cli) -> Result<String, Error> {
     }
 }
 
-/// The database URL with `--schema` applied, for the one-shot commands (the relay applies the
-/// schema itself from its config).
-fn database_url(cli: &Cli) -> Result<String, Error> {
-    let url = raw_database_url(cli)?;
-    match &cli.schema {
-        Some(schema) => db::with_schema(&url, schema),
-        None => Ok(url),
+/// `--schema`, checked. The one-shot commands apply it per transaction (`SET LOCAL search_path`),
+/// not through the URL, so that they work through a transaction pooler that refuses `options`;
+/// the relay applies it itself from its config.
+fn schema(cli: &Cli) -> Result<Option<&str>, Error> {
+    if let Some(schema) = &cli.schema {
+        db::validate_schema(schema)?;
     }
+    Ok(cli.schema.as_deref())
 }
 
 async fn execute(cli: Cli) -> Result<(), Error> {
@@ -105,18 +105,16 @@ async fn execute(cli: Cli) -> Result<(), Error> {
             grant_writer,
             grant_relay,
         } => {
-            let url = database_url(&cli)?;
+            let url = raw_database_url(&cli)?;
+            let schema = schema(&cli)?;
             let mut client = db::connect(&url, "outbox-relay-migrate").await?;
-            if let Some(schema) = &cli.schema {
-                migrate::create_schema(&client, schema).await?;
-            }
-            let applied = migrate::migrate(&mut client).await?;
+            let applied = migrate::migrate_in(&mut client, schema).await?;
             for role in grant_writer {
-                migrate::grant(&client, role, migrate::Grantee::Writer).await?;
+                migrate::grant_in(&mut client, schema, role, migrate::Grantee::Writer).await?;
                 println!("granted writer privileges to {role}");
             }
             for role in grant_relay {
-                migrate::grant(&client, role, migrate::Grantee::Relay).await?;
+                migrate::grant_in(&mut client, schema, role, migrate::Grantee::Relay).await?;
                 println!("granted relay privileges to {role}");
             }
             if applied.is_empty() {
@@ -134,9 +132,9 @@ async fn execute(cli: Cli) -> Result<(), Error> {
         }
         Command::Run(args) => run(raw_database_url(&cli)?, cli.schema.clone(), args).await,
         Command::Status { json, limit } => {
-            let client = connect_checked(&database_url(&cli)?).await?;
-            let s = ops::status(&client).await?;
-            let blocked = ops::blocked_aggregates(&client, *limit).await?;
+            let (mut client, schema) = connect(&cli).await?;
+            let s = ops::status_in(&mut client, schema).await?;
+            let blocked = ops::blocked_aggregates_in(&mut client, schema, *limit).await?;
             if *json {
                 #[derive(serde::Serialize)]
                 struct Report<'a> {
@@ -181,29 +179,32 @@ async fn execute(cli: Cli) -> Result<(), Error> {
             Ok(())
         }
         Command::DeadLetters(cmd) => {
-            let mut client = connect_checked(&database_url(&cli)?).await?;
-            dead_letters(&mut client, cmd).await
+            let (mut client, schema) = connect(&cli).await?;
+            dead_letters(&mut client, schema, cmd).await
         }
         Command::Cleanup {
             older_than,
             batch_size,
         } => {
-            let client = connect_checked(&database_url(&cli)?).await?;
-            let n = ops::cleanup(&client, *older_than, *batch_size).await?;
+            let (mut client, schema) = connect(&cli).await?;
+            let n = ops::cleanup_in(&mut client, schema, *older_than, *batch_size).await?;
             println!("deleted {n} rows");
             Ok(())
         }
     }
 }
 
-async fn connect_checked(url: &str) -> Result<tokio_postgres::Client, Error> {
-    let client = db::connect(url, "outbox-relay-cli").await?;
-    migrate::check_schema(&client).await?;
-    Ok(client)
+/// The connection of an operator command and its `--schema`. Each command checks the schema
+/// version in its own transaction (`ops::*_in`).
+async fn connect(cli: &Cli) -> Result<(tokio_postgres::Client, Option<&str>), Error> {
+    let url = raw_database_url(cli)?;
+    let schema = schema(cli)?;
+    Ok((db::connect(&url, "outbox-relay-cli").await?, schema))
 }
 
 async fn dead_letters(
     client: &mut tokio_postgres::Client,
+    schema: Option<&str>,
     cmd: &DeadLettersCommand,
 ) -> Result<(), Error> {
     match cmd {
@@ -212,7 +213,7 @@ async fn dead_letters(
             limit,
             event_type,
         } => {
-            let rows = ops::dead_letters(&*client, *limit, event_type.as_deref()).await?;
+            let rows = ops::dead_letters_in(client, schema, *limit, event_type.as_deref()).await?;
             if *json {
                 println!(
                     "{}",
@@ -238,12 +239,12 @@ async fn dead_letters(
         }
         DeadLettersCommand::Retry { ids, all } => {
             let which = if *all { None } else { Some(ids.as_slice()) };
-            let done = ops::retry_dead_letters(client, which).await?;
+            let done = ops::retry_dead_letters_in(client, schema, which).await?;
             println!("{} dead letters queued for retry", done.len());
             Ok(())
         }
         DeadLettersCommand::Discard { ids } => {
-            let done = ops::discard_dead_letters(client, ids).await?;
+            let done = ops::discard_dead_letters_in(client, schema, ids).await?;
             println!("{} dead letters discarded", done.len());
             Ok(())
         }

@@ -1,8 +1,15 @@
 //! Versioned, idempotent schema migrations (`sql/migrations`), safe to run concurrently.
+//!
+//! Statements with parameters go out as unnamed statements with their parameter types, so these
+//! work through a transaction pooler (PgBouncer in transaction mode). [`migrate_in`] and
+//! [`grant_in`] apply a schema with `SET LOCAL` inside their own transaction instead of relying
+//! on the connection's search_path (see [`crate::ops::transaction_in`]).
 
-use tokio_postgres::Client;
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, GenericClient};
 
 use crate::error::{Error, Result};
+use crate::ops::transaction_in;
 
 /// One schema version.
 #[derive(Debug, Clone, Copy)]
@@ -31,6 +38,7 @@ pub fn current_version() -> i32 {
     MIGRATIONS.last().map_or(0, |m| m.version)
 }
 
+const LOCK: &str = include_str!("../sql/queries/migrate_lock.sql");
 const PREPARE: &str = include_str!("../sql/queries/migrate_prepare.sql");
 const APPLIED: &str = include_str!("../sql/queries/migrate_applied.sql");
 const RECORD: &str = include_str!("../sql/queries/migrate_record.sql");
@@ -41,8 +49,11 @@ const GRANT_WRITER: &str = include_str!("../sql/queries/grant_writer.sql");
 const GRANT_RELAY: &str = include_str!("../sql/queries/grant_relay.sql");
 
 /// Creates `schema` if it does not exist (for `--schema`; the connection's search_path must name it).
-pub async fn create_schema(client: &Client, schema: &str) -> Result<()> {
-    let stmt: String = client.query_one(CREATE_SCHEMA, &[&schema]).await?.get(0);
+pub async fn create_schema<C: GenericClient + Sync>(client: &C, schema: &str) -> Result<()> {
+    let stmt: String = client
+        .query_typed_one(CREATE_SCHEMA, &[(&schema, Type::TEXT)])
+        .await?
+        .get(0);
     client.batch_execute(&stmt).await?;
     Ok(())
 }
@@ -57,25 +68,54 @@ pub enum Grantee {
 }
 
 /// Grants `role` the least privileges its job needs, in the connection's current schema.
-pub async fn grant(client: &Client, role: &str, grantee: Grantee) -> Result<()> {
+pub async fn grant<C: GenericClient + Sync>(
+    client: &C,
+    role: &str,
+    grantee: Grantee,
+) -> Result<()> {
     let sql = match grantee {
         Grantee::Writer => GRANT_WRITER,
         Grantee::Relay => GRANT_RELAY,
     };
-    for row in client.query(sql, &[&role]).await? {
+    for row in client.query_typed(sql, &[(&role, Type::TEXT)]).await? {
         let stmt: String = row.get(0);
         client.batch_execute(&stmt).await?;
     }
     Ok(())
 }
 
+/// [`grant`] in `schema` (`None`: the connection's search_path), in a transaction of its own.
+pub async fn grant_in(
+    client: &mut Client,
+    schema: Option<&str>,
+    role: &str,
+    grantee: Grantee,
+) -> Result<()> {
+    let tx = transaction_in(client, schema).await?;
+    grant(&tx, role, grantee).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
 /// Applies the missing migrations in one transaction, under an advisory lock so that two `migrate`
 /// runs at once apply each version once. Returns the versions applied now (empty: up to date).
 pub async fn migrate(client: &mut Client) -> Result<Vec<i32>> {
-    let tx = client.transaction().await?;
+    migrate_in(client, None).await
+}
+
+/// [`migrate`] into `schema` (`None`: the connection's search_path): creates the schema when it
+/// is missing and applies the missing migrations there, all in one transaction that sets the
+/// search_path with `SET LOCAL` and takes the migration lock before creating the schema.
+pub async fn migrate_in(client: &mut Client, schema: Option<&str>) -> Result<Vec<i32>> {
+    let tx = transaction_in(client, schema).await?;
+    if let Some(schema) = schema {
+        // Under the lock: two runs at once must not both try to create the schema.
+        tx.batch_execute(LOCK).await?;
+        create_schema(&tx, schema).await?;
+    }
     tx.batch_execute(PREPARE).await?;
     let applied: Vec<i32> = tx
-        .query(APPLIED, &[])
+        .query_typed(APPLIED, &[])
         .await?
         .iter()
         .map(|r| r.get(0))
@@ -84,7 +124,8 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>> {
     for m in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
         tracing::info!(version = m.version, name = m.name, "applying migration");
         tx.batch_execute(m.sql).await?;
-        tx.execute(RECORD, &[&m.version, &m.name]).await?;
+        tx.execute_typed(RECORD, &[(&m.version, Type::INT4), (&m.name, Type::TEXT)])
+            .await?;
         now.push(m.version);
     }
     tx.commit().await?;
@@ -112,10 +153,10 @@ pub fn script(schema: Option<&str>) -> String {
 
 /// Fails with a message telling the user to run `outbox-relay migrate` when the schema is missing
 /// or older than this build needs.
-pub async fn check_schema(client: &Client) -> Result<()> {
-    let exists: bool = client.query_one(SCHEMA_EXISTS, &[]).await?.get(0);
+pub async fn check_schema<C: GenericClient + Sync>(client: &C) -> Result<()> {
+    let exists: bool = client.query_typed_one(SCHEMA_EXISTS, &[]).await?.get(0);
     let found: Option<i32> = if exists {
-        client.query_one(SCHEMA_VERSION, &[]).await?.get(0)
+        client.query_typed_one(SCHEMA_VERSION, &[]).await?.get(0)
     } else {
         None
     };

@@ -1,13 +1,25 @@
 //! Operator queries: status, dead letters, cleanup. Shared by the CLI and the relay's own
 //! periodic tasks (gauges, `--retention`).
+//!
+//! Every statement is sent as an unnamed statement with its parameter types (one round trip, no
+//! named prepared statement left on the server), so these work through a transaction pooler such
+//! as PgBouncer in transaction mode.
+//!
+//! The `*_in` functions are the operator commands as the CLI runs them: each in a transaction of
+//! its own (cleanup: one per batch) that first sets the search_path to the outbox schema with
+//! `SET LOCAL` ([`transaction_in`]) and checks the schema version. Nothing of that outlives the
+//! transaction, so the server connection goes back to a pooler unchanged, and `--schema` needs no
+//! `options` in the connection URL (which PgBouncer refuses).
 
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
-use tokio_postgres::GenericClient;
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, GenericClient, Transaction};
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
+use crate::migrate::check_schema;
 use crate::timestamp::Timestamp;
 
 const STATUS: &str = include_str!("../sql/queries/status.sql");
@@ -33,8 +45,31 @@ pub struct Status {
     pub blocked_aggregates: i64,
 }
 
+/// Opens a transaction on `client` whose statements find the outbox objects in `schema`: it
+/// starts with `SET LOCAL search_path TO <schema>`, which ends with the transaction (commit or
+/// rollback), so no session state is left on the connection. `None`: the connection's own
+/// search_path, and the transaction is a plain one.
+///
+/// Fails with a configuration error naming `schema` when the name is not a plain lowercase
+/// identifier (see [`crate::db::validate_schema`]).
+pub async fn transaction_in<'a>(
+    client: &'a mut Client,
+    schema: Option<&str>,
+) -> Result<Transaction<'a>> {
+    if let Some(schema) = schema {
+        crate::db::validate_schema(schema)?;
+    }
+    let tx = client.transaction().await?;
+    if let Some(schema) = schema {
+        tx.batch_execute(&format!("SET LOCAL search_path TO \"{schema}\""))
+            .await?;
+    }
+    Ok(tx)
+}
+
+/// The status of the outbox in the connection's current search_path.
 pub async fn status<C: GenericClient + Sync>(client: &C) -> Result<Status> {
-    let row = client.query_one(STATUS, &[]).await?;
+    let row = client.query_typed_one(STATUS, &[]).await?;
     Ok(Status {
         pending: row.get("pending"),
         oldest_pending_age_seconds: row.get("oldest_pending_age_seconds"),
@@ -65,7 +100,9 @@ pub async fn blocked_aggregates<C: GenericClient + Sync>(
     client: &C,
     limit: i64,
 ) -> Result<Vec<BlockedAggregate>> {
-    let rows = client.query(BLOCKED_AGGREGATES, &[&limit]).await?;
+    let rows = client
+        .query_typed(BLOCKED_AGGREGATES, &[(&limit, Type::INT8)])
+        .await?;
     rows.iter()
         .map(|r| {
             Ok(BlockedAggregate {
@@ -79,6 +116,20 @@ pub async fn blocked_aggregates<C: GenericClient + Sync>(
             })
         })
         .collect()
+}
+
+/// [`blocked_aggregates`] of the outbox in `schema`, in a transaction of its own after checking
+/// the schema version (see the module documentation).
+pub async fn blocked_aggregates_in(
+    client: &mut Client,
+    schema: Option<&str>,
+    limit: i64,
+) -> Result<Vec<BlockedAggregate>> {
+    let tx = transaction_in(client, schema).await?;
+    check_schema(&tx).await?;
+    let rows = blocked_aggregates(&tx, limit).await?;
+    tx.commit().await?;
+    Ok(rows)
 }
 
 /// One row of `outbox_dead_letters`.
@@ -103,7 +154,10 @@ pub async fn dead_letters<C: GenericClient + Sync>(
     event_type: Option<&str>,
 ) -> Result<Vec<DeadLetter>> {
     let rows = client
-        .query(DEAD_LETTERS_LIST, &[&limit, &event_type])
+        .query_typed(
+            DEAD_LETTERS_LIST,
+            &[(&limit, Type::INT8), (&event_type, Type::TEXT)],
+        )
         .await?;
     rows.iter()
         .map(|r| {
@@ -123,13 +177,51 @@ pub async fn dead_letters<C: GenericClient + Sync>(
         .collect()
 }
 
+/// [`status`] of the outbox in `schema` (`None`: the connection's search_path), in a transaction
+/// of its own after checking the schema version (see the module documentation).
+pub async fn status_in(client: &mut Client, schema: Option<&str>) -> Result<Status> {
+    let tx = transaction_in(client, schema).await?;
+    check_schema(&tx).await?;
+    let status = status(&tx).await?;
+    tx.commit().await?;
+    Ok(status)
+}
+
+/// [`dead_letters`] of the outbox in `schema`, in a transaction of its own after checking the
+/// schema version (see the module documentation).
+pub async fn dead_letters_in(
+    client: &mut Client,
+    schema: Option<&str>,
+    limit: i64,
+    event_type: Option<&str>,
+) -> Result<Vec<DeadLetter>> {
+    let tx = transaction_in(client, schema).await?;
+    check_schema(&tx).await?;
+    let rows = dead_letters(&tx, limit, event_type).await?;
+    tx.commit().await?;
+    Ok(rows)
+}
+
 /// Gives the named dead letters (all of them with `None`) a fresh set of attempts. Fails, changing
 /// nothing, when an id is not a dead letter.
 pub async fn retry_dead_letters(
     client: &mut tokio_postgres::Client,
     ids: Option<&[Uuid]>,
 ) -> Result<Vec<Uuid>> {
-    change_dead_letters(client, DEAD_LETTERS_RETRY, ids).await
+    let tx = client.transaction().await?;
+    change_dead_letters(tx, DEAD_LETTERS_RETRY, ids).await
+}
+
+/// [`retry_dead_letters`] in `schema`, after checking the schema version, all in one transaction
+/// (see the module documentation).
+pub async fn retry_dead_letters_in(
+    client: &mut Client,
+    schema: Option<&str>,
+    ids: Option<&[Uuid]>,
+) -> Result<Vec<Uuid>> {
+    let tx = transaction_in(client, schema).await?;
+    check_schema(&tx).await?;
+    change_dead_letters(tx, DEAD_LETTERS_RETRY, ids).await
 }
 
 /// Marks the named dead letters discarded (kept for the audit trail, no longer blocking their
@@ -138,18 +230,31 @@ pub async fn discard_dead_letters(
     client: &mut tokio_postgres::Client,
     ids: &[Uuid],
 ) -> Result<Vec<Uuid>> {
-    change_dead_letters(client, DEAD_LETTERS_DISCARD, Some(ids)).await
+    let tx = client.transaction().await?;
+    change_dead_letters(tx, DEAD_LETTERS_DISCARD, Some(ids)).await
 }
 
+/// [`discard_dead_letters`] in `schema`, after checking the schema version, all in one
+/// transaction (see the module documentation).
+pub async fn discard_dead_letters_in(
+    client: &mut Client,
+    schema: Option<&str>,
+    ids: &[Uuid],
+) -> Result<Vec<Uuid>> {
+    let tx = transaction_in(client, schema).await?;
+    check_schema(&tx).await?;
+    change_dead_letters(tx, DEAD_LETTERS_DISCARD, Some(ids)).await
+}
+
+/// Runs `sql` on `tx` and commits, or rolls back when an id in `ids` was not changed.
 async fn change_dead_letters(
-    client: &mut tokio_postgres::Client,
+    tx: Transaction<'_>,
     sql: &str,
     ids: Option<&[Uuid]>,
 ) -> Result<Vec<Uuid>> {
-    let tx = client.transaction().await?;
     let ids_param: Option<Vec<Uuid>> = ids.map(<[Uuid]>::to_vec);
     let changed: Vec<Uuid> = tx
-        .query(sql, &[&ids_param])
+        .query_typed(sql, &[(&ids_param, Type::UUID_ARRAY)])
         .await?
         .iter()
         .map(|r| r.get(0))
@@ -183,15 +288,59 @@ pub async fn cleanup<C: GenericClient + Sync>(
     older_than: Duration,
     batch_size: i64,
 ) -> Result<u64> {
-    let cutoff = SystemTime::now()
-        .checked_sub(older_than)
-        .unwrap_or(SystemTime::UNIX_EPOCH);
+    let cutoff = cutoff(older_than);
     let mut total = 0;
     loop {
-        let n = client.execute(CLEANUP, &[&cutoff, &batch_size]).await?;
+        let n = cleanup_step(client, cutoff, batch_size).await?;
         total += n;
         if n < batch_size as u64 {
             return Ok(total);
         }
     }
+}
+
+/// [`cleanup`] in `schema`: the schema version is checked in the first transaction, and each
+/// batch is a transaction of its own that sets the search_path first (see the module
+/// documentation).
+pub async fn cleanup_in(
+    client: &mut Client,
+    schema: Option<&str>,
+    older_than: Duration,
+    batch_size: i64,
+) -> Result<u64> {
+    let cutoff = cutoff(older_than);
+    let mut total = 0;
+    let mut first = true;
+    loop {
+        let tx = transaction_in(client, schema).await?;
+        if first {
+            check_schema(&tx).await?;
+            first = false;
+        }
+        let n = cleanup_step(&tx, cutoff, batch_size).await?;
+        tx.commit().await?;
+        total += n;
+        if n < batch_size as u64 {
+            return Ok(total);
+        }
+    }
+}
+
+fn cutoff(older_than: Duration) -> SystemTime {
+    SystemTime::now()
+        .checked_sub(older_than)
+        .unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+async fn cleanup_step<C: GenericClient + Sync>(
+    client: &C,
+    cutoff: SystemTime,
+    batch_size: i64,
+) -> Result<u64> {
+    Ok(client
+        .execute_typed(
+            CLEANUP,
+            &[(&cutoff, Type::TIMESTAMPTZ), (&batch_size, Type::INT8)],
+        )
+        .await?)
 }

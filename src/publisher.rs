@@ -79,9 +79,13 @@ impl FailureKind {
         }
     }
 
-    /// Counts against `max_attempts`.
+    /// Counts against `max_attempts` (and is recorded in the row's `attempts`): the event's own
+    /// failures do, the broker's trouble never.
     pub fn spends_attempt(self) -> bool {
-        self == FailureKind::Rejected
+        matches!(
+            self,
+            FailureKind::Invalid | FailureKind::TooLarge | FailureKind::Rejected
+        )
     }
 
     /// Dead-letter now, whatever the attempts.

@@ -27,6 +27,10 @@ const ENQUEUE: &str = include_str!("../sql/queries/enqueue.sql");
 /// Writes one event. Pass the application's transaction (`&mut *tx`): the event then commits or
 /// rolls back with the business data. A `&mut PgConnection` or a `&PgPool` works too, but then the
 /// event commits on its own. Returns the event id (also its `Nats-Msg-Id`).
+///
+/// The statement is not cached as a named prepared statement, so this works through PgBouncer in
+/// transaction mode; sqlx still parses and executes it in two round trips, so through such a
+/// pooler pass a transaction (both then run on the same server connection).
 pub async fn enqueue<'c, E>(executor: E, event: &NewEvent) -> Result<Uuid>
 where
     E: PgExecutor<'c>,
@@ -44,7 +48,11 @@ where
     let Some(c) = Columns::of(events)? else {
         return Ok(Vec::new());
     };
+    // Not kept as a named prepared statement on the connection: behind a transaction pooler the
+    // next transaction may run on another server connection, where it does not exist (or where
+    // another client's statement of the same name does).
     ::sqlx::query_scalar::<_, Uuid>(ENQUEUE)
+        .persistent(false)
         .bind(c.aggregate_types)
         .bind(c.aggregate_ids)
         .bind(c.event_types)

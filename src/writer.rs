@@ -1,5 +1,6 @@
 //! The writer API: put events into the outbox inside the application's own transaction.
 
+use tokio_postgres::types::Type;
 use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
@@ -10,6 +11,9 @@ const ENQUEUE: &str = include_str!("../sql/queries/enqueue.sql");
 
 /// Writes one event. Pass the application's `Transaction`: the event then commits or rolls back
 /// with the business data. Returns the event id (also its `Nats-Msg-Id`).
+///
+/// The outbox table is found through the connection's search_path. The statement is unnamed (no
+/// prepared statement outlives it), so this works through PgBouncer in transaction mode too.
 pub async fn enqueue<C: GenericClient + Sync>(client: &C, event: &NewEvent) -> Result<Uuid> {
     let ids = enqueue_many(client, std::slice::from_ref(event)).await?;
     Ok(ids[0])
@@ -24,15 +28,17 @@ pub async fn enqueue_many<C: GenericClient + Sync>(
     let Some(c) = Columns::of(events)? else {
         return Ok(Vec::new());
     };
+    // An unnamed statement with its parameter types: one round trip, and nothing prepared stays
+    // behind on the server connection, so it works through a transaction pooler.
     let rows = client
-        .query(
+        .query_typed(
             ENQUEUE,
             &[
-                &c.aggregate_types,
-                &c.aggregate_ids,
-                &c.event_types,
-                &c.payloads,
-                &c.headers,
+                (&c.aggregate_types, Type::VARCHAR_ARRAY),
+                (&c.aggregate_ids, Type::VARCHAR_ARRAY),
+                (&c.event_types, Type::VARCHAR_ARRAY),
+                (&c.payloads, Type::JSONB_ARRAY),
+                (&c.headers, Type::JSONB_ARRAY),
             ],
         )
         .await?;

@@ -84,7 +84,10 @@ async fn a_row_locked_by_someone_else_is_not_overtaken() {
     .await
     .expect("lock A2");
     env.insert_sql(1, "B", "order.step").await;
-    let relay = env.spawn(env.config()).await;
+    // Releasing a lock wakes nobody: the relay finds A2 free again at its next fallback poll.
+    let mut config = env.config();
+    config.fallback_interval = Duration::from_secs(1);
+    let relay = env.spawn(config).await;
     // B1 was committed before the relay started, so the first claim holds it with A1; a later
     // claim holds B2. While A2 is locked, nothing of A after A1 may reach the stream.
     env.wait_stream_len(2, Duration::from_secs(10)).await;

@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use async_nats::jetstream;
-use common::{pg_client, shared_pg, wait_until, NatsServer, PgCluster, PgOptions};
+use common::{pg_client, shared_pg, wait_until, NatsServer, PgBouncer, PgCluster, PgOptions};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -215,6 +215,105 @@ async fn nats_with_config_token_auth() {
     })
     .await
     .expect("jetstream with token");
+}
+
+/// The first value of a simple-protocol query (no prepared statement, so it works through a
+/// transaction pooler).
+async fn simple_value(client: &tokio_postgres::Client, sql: &str) -> String {
+    let messages = tokio::time::timeout(T, client.simple_query(sql))
+        .await
+        .unwrap_or_else(|_| panic!("{sql} timed out"))
+        .unwrap_or_else(|e| panic!("{sql} failed: {e}"));
+    messages
+        .iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("{sql} returned no row"))
+}
+
+#[tokio::test]
+async fn pgbouncer_pools_per_transaction() {
+    let pg = shared_pg();
+    let db = pg.create_database().await;
+    let bouncer = PgBouncer::start(pg);
+    let url = bouncer.url_for(&db);
+    assert_eq!(bouncer.url_for(&db), url);
+    assert!(url.contains(&format!(":{}/t_", bouncer.port())), "{url}");
+
+    let a = pg_client(&url).await;
+    let b = pg_client(&url).await;
+    assert_eq!(
+        simple_value(&a, "SELECT current_database()").await,
+        db.rsplit('/').next().expect("db name")
+    );
+    // Two server connections: two open transactions take both, a third client waits for one.
+    a.batch_execute("BEGIN").await.expect("BEGIN a");
+    b.batch_execute("BEGIN").await.expect("BEGIN b");
+    let pid_a = simple_value(&a, "SELECT pg_backend_pid()").await;
+    let pid_b = simple_value(&b, "SELECT pg_backend_pid()").await;
+    assert_ne!(pid_a, pid_b);
+    let c = pg_client(&url).await;
+    let waiting = tokio::spawn(async move {
+        let pid = simple_value(&c, "SELECT pg_backend_pid()").await;
+        (c, pid)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a third server connection was opened"
+    );
+    a.batch_execute("COMMIT").await.expect("COMMIT a");
+    let (c, pid_c) = tokio::time::timeout(T, waiting)
+        .await
+        .expect("the waiting client got no server connection")
+        .expect("task");
+    assert_eq!(pid_c, pid_a, "the released server connection is reused");
+
+    // Session state leaks from one client to the next on the same server connection: what the
+    // pooler tests look for. `b` still holds the other server connection.
+    a.batch_execute("SET statement_timeout = '1234ms'")
+        .await
+        .expect("SET");
+    assert_eq!(simple_value(&c, "SHOW statement_timeout").await, "1234ms");
+    a.batch_execute("RESET statement_timeout")
+        .await
+        .expect("RESET");
+    b.batch_execute("COMMIT").await.expect("COMMIT b");
+
+    let admin = pg_client(&bouncer.admin_url()).await;
+    let config = admin
+        .simple_query("SHOW CONFIG")
+        .await
+        .expect("SHOW CONFIG");
+    let pool_mode = config.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(row) if row.get(0) == Some("pool_mode") => {
+            row.get(1).map(str::to_owned)
+        }
+        _ => None,
+    });
+    assert_eq!(pool_mode.as_deref(), Some("transaction"));
+
+    // Kill and start again on the same port.
+    let mut bouncer = bouncer;
+    let pid = bouncer.pid().expect("running");
+    bouncer.kill();
+    assert!(
+        simple_query_fails(&a).await,
+        "query through a killed pgbouncer"
+    );
+    bouncer.start_again();
+    assert_ne!(bouncer.pid(), Some(pid));
+    let d = pg_client(&url).await;
+    assert_eq!(simple_value(&d, "SELECT 1").await, "1");
+}
+
+async fn simple_query_fails(client: &tokio_postgres::Client) -> bool {
+    tokio::time::timeout(T, client.simple_query("SELECT 1"))
+        .await
+        .expect("a query through a killed pgbouncer must fail, not hang")
+        .is_err()
 }
 
 #[tokio::test]

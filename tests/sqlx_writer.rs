@@ -187,3 +187,49 @@ async fn server_errors_keep_their_message_and_are_not_retryable() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn enqueue_through_pgbouncer_in_transaction_mode() {
+    // Through the pooler, a statement cached under a name on one server connection is missing on
+    // the next transaction's, and its name taken by another client's on a shared one.
+    let pg = common::shared_pg();
+    let db = pg.create_database().await;
+    let mut direct = common::pg_client(&db).await;
+    outbox_relay::migrate::migrate(&mut direct)
+        .await
+        .expect("migrate");
+    let bouncer = common::PgBouncer::start(pg);
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(&bouncer.url_for(&db))
+        .await
+        .expect("sqlx pool through pgbouncer");
+
+    let mut tasks = Vec::new();
+    for w in 0..4 {
+        let pool = pool.clone();
+        tasks.push(tokio::spawn(async move {
+            let aggregate = format!("p-{w}");
+            for n in 0..10 {
+                let mut tx = pool.begin().await.expect("begin");
+                outbox_relay::sqlx::enqueue(&mut *tx, &event(&aggregate, 2 * n))
+                    .await
+                    .expect("enqueue through pgbouncer");
+                outbox_relay::sqlx::enqueue_many(&mut *tx, &[event(&aggregate, 2 * n + 1)])
+                    .await
+                    .expect("enqueue_many through pgbouncer");
+                tx.commit().await.expect("commit");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("writer task");
+    }
+    let rows: i64 = direct
+        .query_one("SELECT count(*) FROM outbox_events", &[])
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(rows, 80);
+}

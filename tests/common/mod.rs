@@ -1,6 +1,7 @@
 #![allow(dead_code, unused_imports)]
-//! Shared integration-test harness: throwaway PostgreSQL clusters, throwaway
-//! nats-server instances and small async helpers.
+//! Shared integration-test harness: throwaway PostgreSQL clusters, PgBouncer
+//! instances in front of them, throwaway nats-server instances and small async
+//! helpers.
 //!
 //! Used by test binaries via `mod common;` and by benches via
 //! `#[path = "../tests/common/mod.rs"] mod common;`.
@@ -13,6 +14,7 @@
 mod nats;
 pub mod outbox;
 mod pg;
+mod pgbouncer;
 mod proc;
 
 use std::future::Future;
@@ -20,6 +22,7 @@ use std::time::Duration;
 
 pub use nats::NatsServer;
 pub use pg::{shared_pg, PgCluster, PgOptions};
+pub use pgbouncer::{PgBouncer, PgBouncerOptions};
 
 /// Polls `f` every 10 ms until it returns `true`.
 ///

@@ -105,8 +105,8 @@ fn pg_bins() -> &'static PgBins {
 }
 
 /// (uid, gid) of the `postgres` OS user when we run as root (PostgreSQL
-/// refuses to run as root), else `None`.
-fn run_as() -> Option<(u32, u32)> {
+/// and PgBouncer refuse to run as root), else `None`.
+pub(crate) fn run_as() -> Option<(u32, u32)> {
     if !nix::unistd::geteuid().is_root() {
         return None;
     }

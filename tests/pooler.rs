@@ -1,0 +1,455 @@
+//! Through PgBouncer in transaction mode (two server connections per database): the operator
+//! commands, `migrate` and the writer API work with `--schema`, and leave no session state on the
+//! pooled server connections that other clients would inherit.
+//!
+//! [`Pooled`] is one test database behind a PgBouncer of its own; tests of the relay through the
+//! pooler build on it the same way.
+
+mod common;
+
+use std::collections::HashSet;
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::{pg_client, shared_pg, PgBouncer};
+use outbox_relay::{enqueue, enqueue_many, process_once, NewEvent};
+use tokio_postgres::types::Type;
+use tokio_postgres::SimpleQueryMessage;
+use uuid::Uuid;
+
+const T: Duration = Duration::from_secs(30);
+const SCHEMA: &str = "app_events";
+
+/// Settings that an operator command or a writer could leave behind on a server connection.
+const WATCHED: &[&str] = &[
+    "search_path",
+    "enable_seqscan",
+    "statement_timeout",
+    "lock_timeout",
+];
+
+/// A fresh database on the shared cluster, and a PgBouncer (transaction mode, pool size 2) in
+/// front of it.
+struct Pooled {
+    /// Direct URL (bypasses the pooler): setup and checks.
+    direct: String,
+    /// The same database through PgBouncer.
+    pooled: String,
+    bouncer: PgBouncer,
+    /// The watched settings as a fresh server connection has them.
+    defaults: Vec<(String, String)>,
+}
+
+impl Pooled {
+    async fn new() -> Pooled {
+        let pg = shared_pg();
+        let direct = pg.create_database().await;
+        let bouncer = PgBouncer::start(pg);
+        let pooled = bouncer.url_for(&direct);
+        let fresh = pg_client(&direct).await;
+        let mut defaults = Vec::new();
+        for name in WATCHED {
+            defaults.push((
+                name.to_string(),
+                simple_value(&fresh, &format!("SHOW {name}")).await,
+            ));
+        }
+        Pooled {
+            direct,
+            pooled,
+            bouncer,
+            defaults,
+        }
+    }
+
+    /// Runs the CLI with `DATABASE_URL` pointing at the pooler and `--schema` set (bounded).
+    async fn cli(&self, args: &[&str]) -> Output {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+        cmd.args(args)
+            .args(["--schema", SCHEMA])
+            .env("DATABASE_URL", &self.pooled)
+            .env_remove("OUTBOX_SCHEMA")
+            .env("RUST_LOG", "warn");
+        let what = format!("outbox-relay {}", args.join(" "));
+        tokio::task::spawn_blocking(move || run_bounded(cmd, &what))
+            .await
+            .expect("CLI runner thread")
+    }
+
+    /// [`Pooled::cli`], which must exit 0; returns its stdout.
+    async fn cli_ok(&self, args: &[&str]) -> String {
+        let out = self.cli(args).await;
+        assert!(
+            out.status.success(),
+            "outbox-relay {} exited with {}\nstdout: {}\nstderr: {}\n{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.bouncer.log_tail(20)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Asserts that every pooled server connection still has the default value of every watched
+    /// setting. Two clients each hold a transaction, so together they check both server
+    /// connections of the pool; `rounds` repeats that with new clients.
+    async fn assert_no_session_state(&self, after: &str, rounds: usize) {
+        for _ in 0..rounds {
+            let a = pg_client(&self.pooled).await;
+            let b = pg_client(&self.pooled).await;
+            let mut backends = HashSet::new();
+            for c in [&a, &b] {
+                backends.insert(pin(c).await);
+            }
+            assert_eq!(backends.len(), 2, "two clients, two server connections");
+            for c in [&a, &b] {
+                for (name, default) in &self.defaults {
+                    let now = simple_value(c, &format!("SHOW {name}")).await;
+                    assert_eq!(
+                        &now, default,
+                        "after {after}: {name} on a pooled server connection is {now:?}, \
+                         a fresh connection has {default:?}"
+                    );
+                }
+                c.batch_execute("COMMIT").await.expect("COMMIT");
+            }
+        }
+    }
+
+    /// Runs `sql` directly (not through the pooler), in the outbox schema.
+    async fn direct_sql(&self, sql: &str) {
+        let client = pg_client(&self.direct).await;
+        client
+            .batch_execute(&format!("SET search_path TO {SCHEMA}; {sql}"))
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    async fn direct_count(&self, where_clause: &str) -> i64 {
+        let client = pg_client(&self.direct).await;
+        let v = simple_value(
+            &client,
+            &format!("SELECT count(*) FROM {SCHEMA}.outbox_events WHERE {where_clause}"),
+        )
+        .await;
+        v.parse().expect("count")
+    }
+}
+
+/// Runs `cmd` to its end and returns its output; SIGKILLs it and panics after `T`.
+fn run_bounded(mut cmd: Command, what: &str) -> Output {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what} could not run: {e}"));
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(T) {
+        Ok(output) => output.unwrap_or_else(|e| panic!("{what}: {e}")),
+        Err(_) => {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            panic!("{what} did not finish within {T:?}");
+        }
+    }
+}
+
+/// The first column of the first row of a simple-protocol query (works through the pooler).
+async fn simple_value(client: &tokio_postgres::Client, sql: &str) -> String {
+    let messages = tokio::time::timeout(T, client.simple_query(sql))
+        .await
+        .unwrap_or_else(|_| panic!("{sql} timed out"))
+        .unwrap_or_else(|e| panic!("{sql} failed: {e}"));
+    messages
+        .iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("{sql} returned no row"))
+}
+
+fn event(aggregate_id: &str, n: usize) -> NewEvent {
+    NewEvent::new(
+        "order",
+        aggregate_id,
+        "order.created",
+        &serde_json::json!({ "n": n }),
+    )
+    .expect("event")
+}
+
+fn status_json(stdout: &str) -> serde_json::Value {
+    serde_json::from_str(stdout).unwrap_or_else(|e| panic!("status --json: {e}\n{stdout}"))
+}
+
+/// Opens a transaction on `client` and runs a statement in it, so that the pooler has given it a
+/// server connection until COMMIT; returns that server connection's backend pid.
+async fn pin(client: &tokio_postgres::Client) -> String {
+    client.batch_execute("BEGIN").await.expect("BEGIN");
+    simple_value(client, "SELECT pg_backend_pid()").await
+}
+
+/// Why the library sends unnamed statements: a named prepared statement lives on one server
+/// connection, and the pooler hands the client's next transaction to whichever is free. The pool
+/// has two server connections; `hold` keeps one of them busy so that the test decides which one
+/// each statement gets.
+#[tokio::test]
+async fn named_statements_do_not_survive_transaction_pooling() {
+    let p = Pooled::new().await;
+    let (a, b) = (pg_client(&p.pooled).await, pg_client(&p.pooled).await);
+    let (hold, other) = (pg_client(&p.pooled).await, pg_client(&p.pooled).await);
+    let held = pin(&hold).await;
+    assert_ne!(pin(&other).await, held, "two server connections");
+    other.batch_execute("COMMIT").await.expect("COMMIT");
+
+    // Prepared (Parse, Sync) on the free server connection, which then goes back to the pool. `b`
+    // takes it for a transaction; once `hold` lets the other one go, `a`'s Bind gets that one.
+    let stmt = a.prepare("SELECT 1::int4").await.expect("prepare");
+    let first = pin(&b).await;
+    hold.batch_execute("COMMIT").await.expect("COMMIT");
+    let err = a
+        .query(&stmt, &[])
+        .await
+        .expect_err("a named statement on another server connection");
+    let message = err.as_db_error().map(|e| e.message().to_owned());
+    assert!(
+        message.as_deref().is_some_and(
+            |m| m.starts_with("prepared statement \"s") && m.ends_with("does not exist")
+        ),
+        "{err:?}"
+    );
+    // The same query as an unnamed statement with its parameter types: one message, one server
+    // connection, whichever it is.
+    let row = a
+        .query_typed_one(
+            "SELECT $1::int4 + 1, pg_backend_pid()::text",
+            &[(&41i32, Type::INT4)],
+        )
+        .await
+        .expect("unnamed statement through the pooler");
+    assert_eq!(row.get::<_, i32>(0), 42);
+    assert_ne!(row.get::<_, String>(1), first);
+    b.batch_execute("COMMIT").await.expect("COMMIT");
+
+    // Names are per server connection, not per client: with one server connection held, a second
+    // client finds the first one's statement on the other (another process of the same program
+    // starts counting at s0 again, and collides just so).
+    pin(&hold).await;
+    a.batch_execute("PREPARE outbox_demo AS SELECT 1")
+        .await
+        .expect("PREPARE");
+    let err = b
+        .batch_execute("PREPARE outbox_demo AS SELECT 2")
+        .await
+        .expect_err("the name is taken on the shared server connection");
+    assert_eq!(
+        err.as_db_error().map(|e| e.message()),
+        Some("prepared statement \"outbox_demo\" already exists"),
+        "{err:?}"
+    );
+    a.batch_execute("DEALLOCATE outbox_demo")
+        .await
+        .expect("DEALLOCATE");
+    hold.batch_execute("COMMIT").await.expect("COMMIT");
+}
+
+#[tokio::test]
+async fn operator_commands_and_writers_through_pgbouncer_with_a_schema() {
+    let p = Pooled::new().await;
+
+    // migrate, twice at once (the lock serialises them, one creates the schema), then again.
+    let (first, second) = tokio::join!(p.cli(&["migrate"]), p.cli(&["migrate"]));
+    let mut outputs = Vec::new();
+    for out in [first, second] {
+        assert!(
+            out.status.success(),
+            "migrate: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        outputs.push(String::from_utf8_lossy(&out.stdout).into_owned());
+    }
+    outputs.sort();
+    assert!(
+        outputs[0].starts_with("applied migrations [1, 2]"),
+        "{outputs:?}"
+    );
+    assert!(
+        outputs[1].starts_with("schema is up to date"),
+        "{outputs:?}"
+    );
+    let again = p.cli_ok(&["migrate"]).await;
+    assert!(again.starts_with("schema is up to date"), "{again}");
+    assert_eq!(p.direct_count("true").await, 0, "the table is in {SCHEMA}");
+    p.assert_no_session_state("migrate", 2).await;
+
+    // Writers: several clients through the pooler at once, each event in the application's own
+    // transaction, which sets the application's search_path for itself.
+    const WRITERS: usize = 4;
+    const TRANSACTIONS: usize = 10;
+    let mut tasks = Vec::new();
+    for w in 0..WRITERS {
+        let url = p.pooled.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut client = pg_client(&url).await;
+            let mut ids = Vec::new();
+            for t in 0..TRANSACTIONS {
+                let tx = client.transaction().await.expect("begin");
+                tx.batch_execute(&format!("SET LOCAL search_path TO {SCHEMA}"))
+                    .await
+                    .expect("SET LOCAL");
+                let aggregate = format!("w{w}");
+                ids.push(
+                    enqueue(&tx, &event(&aggregate, 2 * t))
+                        .await
+                        .expect("enqueue"),
+                );
+                ids.extend(
+                    enqueue_many(&tx, &[event(&aggregate, 2 * t + 1)])
+                        .await
+                        .expect("enqueue_many"),
+                );
+                tx.commit().await.expect("commit");
+            }
+            ids
+        }));
+    }
+    // Operator commands run while the writers do.
+    let during = p.cli_ok(&["status"]).await;
+    assert!(during.contains("pending:"), "{during}");
+    let mut ids: Vec<Uuid> = Vec::new();
+    for task in tasks {
+        ids.extend(task.await.expect("writer task"));
+    }
+    let total = (WRITERS * TRANSACTIONS * 2) as i64;
+    assert_eq!(ids.iter().collect::<HashSet<_>>().len() as i64, total);
+    assert_eq!(p.direct_count("processed_at IS NULL").await, total);
+    p.assert_no_session_state("the writers", 2).await;
+
+    // An idempotent consumer records what it handled through the pooler too.
+    let mut consumer = pg_client(&p.pooled).await;
+    for (id, first) in [(ids[0], true), (ids[1], true), (ids[0], false)] {
+        let tx = consumer.transaction().await.expect("begin");
+        tx.batch_execute(&format!("SET LOCAL search_path TO {SCHEMA}"))
+            .await
+            .expect("SET LOCAL");
+        assert_eq!(
+            process_once(&tx, id).await.expect("process_once"),
+            first,
+            "{id}"
+        );
+        tx.commit().await.expect("commit");
+    }
+
+    // status, text and JSON.
+    let text = p.cli_ok(&["status"]).await;
+    assert!(
+        text.contains(&format!("pending:             {total}")),
+        "{text}"
+    );
+    assert!(text.contains("dead letters:        0"), "{text}");
+    let s = status_json(&p.cli_ok(&["status", "--json"]).await);
+    assert_eq!(s["pending"], total);
+    assert_eq!(s["dead_letters"], 0);
+    assert_eq!(s["blocked_aggregates"], 0);
+    p.assert_no_session_state("status", 2).await;
+
+    // Three dead letters in two aggregates, made by SQL.
+    let dead: Vec<Uuid> = vec![ids[0], ids[1], ids[TRANSACTIONS * 2]];
+    let list: Vec<String> = dead.iter().map(|id| format!("'{id}'")).collect();
+    p.direct_sql(&format!(
+        "UPDATE outbox_events SET dead_lettered_at = now(), attempts = 10, last_error = 'boom' \
+         WHERE id IN ({})",
+        list.join(", ")
+    ))
+    .await;
+    let s = status_json(&p.cli_ok(&["status", "--json"]).await);
+    assert_eq!(s["pending"], total - 3);
+    assert_eq!(s["dead_letters"], 3);
+    assert_eq!(s["blocked_aggregates"], 2);
+
+    // dead-letters list, text and JSON.
+    let text = p.cli_ok(&["dead-letters", "list"]).await;
+    assert_eq!(text.lines().count(), 3, "{text}");
+    for id in &dead {
+        assert!(text.contains(&id.to_string()), "{id} in\n{text}");
+    }
+    assert!(text.contains("error: boom"), "{text}");
+    let json: serde_json::Value = serde_json::from_str(
+        &p.cli_ok(&["dead-letters", "list", "--json", "--limit", "2"])
+            .await,
+    )
+    .expect("list --json");
+    let listed: Vec<&str> = json
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|r| r["id"].as_str().expect("id"))
+        .collect();
+    assert_eq!(listed.len(), 2, "{json}");
+    assert!(listed
+        .iter()
+        .all(|id| dead.iter().any(|d| d.to_string() == *id)));
+    p.assert_no_session_state("dead-letters list", 2).await;
+
+    // retry one, discard one, an unknown id changes nothing (exit 2), retry the rest.
+    let out = p
+        .cli_ok(&["dead-letters", "retry", &dead[0].to_string()])
+        .await;
+    assert_eq!(out.trim(), "1 dead letters queued for retry");
+    let out = p
+        .cli_ok(&["dead-letters", "discard", &dead[1].to_string()])
+        .await;
+    assert_eq!(out.trim(), "1 dead letters discarded");
+    let unknown = Uuid::new_v4().to_string();
+    let out = p
+        .cli(&["dead-letters", "discard", &dead[2].to_string(), &unknown])
+        .await;
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&unknown),
+        "{out:?}"
+    );
+    let out = p.cli_ok(&["dead-letters", "retry", "--all"]).await;
+    assert_eq!(out.trim(), "1 dead letters queued for retry");
+    let out = p.cli_ok(&["dead-letters", "list"]).await;
+    assert_eq!(out.trim(), "no dead letters");
+    assert_eq!(p.direct_count("discarded_at IS NOT NULL").await, 1);
+    assert_eq!(
+        p.direct_count("dead_lettered_at IS NULL AND processed_at IS NULL")
+            .await,
+        total - 1
+    );
+    p.assert_no_session_state("dead-letters retry/discard", 2)
+        .await;
+
+    // cleanup: 25 rows processed ten days ago go, in batches of 7; the discarded row (processed
+    // now) and the pending ones stay.
+    p.direct_sql(
+        "UPDATE outbox_events SET processed_at = now() - interval '10 days' \
+         WHERE id IN (SELECT id FROM outbox_events WHERE processed_at IS NULL ORDER BY seq LIMIT 25)",
+    )
+    .await;
+    let out = p
+        .cli_ok(&["cleanup", "--older-than", "7d", "--batch-size", "7"])
+        .await;
+    assert_eq!(out.trim(), "deleted 25 rows");
+    assert_eq!(p.direct_count("true").await, total - 25);
+    let out = p.cli_ok(&["cleanup", "--older-than", "7d"]).await;
+    assert_eq!(out.trim(), "deleted 0 rows");
+    p.assert_no_session_state("cleanup", 3).await;
+
+    // The pooler saw no startup parameter it refused, and no statement failed on its server
+    // connections.
+    let log = std::fs::read_to_string(p.bouncer.log_path()).unwrap_or_default();
+    assert!(!log.contains("unsupported startup parameter"), "{log}");
+}
