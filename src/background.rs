@@ -34,11 +34,12 @@ pub(crate) async fn stats(
                 .await
                 .ok();
         }
-        let Some(c) = client.as_ref() else {
+        let Some(c) = client.as_mut() else {
             signals.database_ok.store(false, AtomicOrdering::Release);
             continue;
         };
-        match tokio::time::timeout(Duration::from_secs(5), crate::ops::status(c)).await {
+        let status = crate::ops::status_in(c, config.schema.as_deref());
+        match tokio::time::timeout(Duration::from_secs(5), status).await {
             Ok(Ok(s)) => {
                 signals.database_ok.store(true, AtomicOrdering::Release);
                 metrics.pending.set(s.pending);
@@ -61,7 +62,12 @@ pub(crate) async fn stats(
 }
 
 /// Deletes processed rows older than `retention`, in small batches, about once a minute.
-pub(crate) async fn retention(url: String, retention: Duration, shutdown: CancellationToken) {
+pub(crate) async fn retention(
+    url: String,
+    schema: Option<String>,
+    retention: Duration,
+    shutdown: CancellationToken,
+) {
     let period = (retention / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -71,8 +77,8 @@ pub(crate) async fn retention(url: String, retention: Duration, shutdown: Cancel
             _ = tick.tick() => {}
         }
         let result = async {
-            let client = crate::db::connect(&url, "outbox-relay-cleanup").await?;
-            crate::ops::cleanup(&client, retention, 1000).await
+            let mut client = crate::db::connect(&url, "outbox-relay-cleanup").await?;
+            crate::ops::cleanup_in(&mut client, schema.as_deref(), retention, 1000).await
         };
         match result.await {
             Ok(0) => {}

@@ -165,6 +165,11 @@ pub struct RunArgs {
     pub fallback_interval: Duration,
     #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 1000)]
     pub batch_size: usize,
+    /// Prepare the relay's statements once per connection. `false` behind a transaction pooler
+    /// that does not keep prepared statements (PgBouncer before 1.21, or without
+    /// `max_prepared_statements`): statements are then sent unnamed, planned each time.
+    #[arg(long, env = "OUTBOX_PREPARED_STATEMENTS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub prepared_statements: bool,
     /// Payload bytes per batch (`32MiB`, `4MB`, `1000000`): bounds the relay's memory whatever the
     /// payloads; a single larger event still goes, alone.
     #[arg(long, env = "OUTBOX_MAX_BATCH_BYTES", default_value = "32MiB", value_parser = parse_bytes)]

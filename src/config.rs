@@ -61,6 +61,10 @@ pub struct RelayConfig {
     pub fallback_interval: Duration,
     /// Rows claimed per transaction.
     pub batch_size: usize,
+    /// Prepare the relay's statements once per connection (fastest). Turn off behind a
+    /// transaction pooler that does not keep prepared statements between transactions (PgBouncer
+    /// before 1.21, or with `max_prepared_statements = 0`): statements are then sent unnamed.
+    pub prepared_statements: bool,
     /// Payload bytes claimed per transaction (about: payload text plus headers). Bounds the relay's
     /// memory whatever the payloads; a single larger row is still claimed, alone.
     pub max_batch_bytes: usize,
@@ -99,6 +103,7 @@ impl Default for RelayConfig {
             fallback_interval: Duration::from_secs(5),
             batch_size: 1000,
             max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
+            prepared_statements: true,
             max_attempts: 10,
             publish_timeout: Duration::from_secs(5),
             retry_initial: Duration::from_secs(1),
@@ -201,7 +206,7 @@ impl RelayConfig {
     pub fn redacted(&self) -> String {
         format!(
             "database_url={:?} listen_database_url={} schema={} nats_url={} stream={} create_stream={} subject_prefix={} \
-             fallback_interval={} batch_size={} max_batch_bytes={} max_attempts={} publish_timeout={} retry_initial={} \
+             fallback_interval={} batch_size={} max_batch_bytes={} prepared_statements={} max_attempts={} publish_timeout={} retry_initial={} \
              retry_max={} ordering={:?} notify_mode={:?} retention={} metrics_addr={} nats_creds={} nats_nkey={}",
             crate::db::redacted_url(&self.database_url),
             self.listen_database_url
@@ -216,6 +221,7 @@ impl RelayConfig {
             humantime::format_duration(self.fallback_interval),
             self.batch_size,
             self.max_batch_bytes,
+            self.prepared_statements,
             self.max_attempts,
             humantime::format_duration(self.publish_timeout),
             humantime::format_duration(self.retry_initial),
@@ -229,18 +235,18 @@ impl RelayConfig {
         )
     }
 
-    /// Database URLs with the schema applied (see [`crate::db::with_schema`]).
-    pub(crate) fn resolved_urls(&self) -> Result<(String, String)> {
+    /// The LISTEN connection's URL with the schema applied to the session (see
+    /// [`crate::db::with_schema`]): that connection is never pooled (LISTEN needs a session of its
+    /// own). The worker connection applies the schema per transaction instead, so that it works
+    /// through a transaction pooler, which refuses the `options` startup parameter.
+    pub(crate) fn resolved_listen_url(&self) -> Result<String> {
         let listen = self
             .listen_database_url
             .clone()
             .unwrap_or_else(|| self.database_url.clone());
         match &self.schema {
-            Some(schema) => Ok((
-                crate::db::with_schema_for(&self.database_url, schema, "database_url")?,
-                crate::db::with_schema_for(&listen, schema, "listen_database_url")?,
-            )),
-            None => Ok((self.database_url.clone(), listen)),
+            Some(schema) => crate::db::with_schema_for(&listen, schema, "listen_database_url"),
+            None => Ok(listen),
         }
     }
 
@@ -271,6 +277,7 @@ impl fmt::Debug for RelayConfig {
             fallback_interval,
             batch_size,
             max_batch_bytes,
+            prepared_statements,
             max_attempts,
             publish_timeout,
             retry_initial,
@@ -300,6 +307,7 @@ impl fmt::Debug for RelayConfig {
             .field("fallback_interval", fallback_interval)
             .field("batch_size", batch_size)
             .field("max_batch_bytes", max_batch_bytes)
+            .field("prepared_statements", prepared_statements)
             .field("max_attempts", max_attempts)
             .field("publish_timeout", publish_timeout)
             .field("retry_initial", retry_initial)

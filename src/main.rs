@@ -268,6 +268,7 @@ async fn run(database_url: String, schema: Option<String>, args: &RunArgs) -> Re
         fallback_interval: args.fallback_interval,
         batch_size: args.batch_size,
         max_batch_bytes: args.max_batch_bytes,
+        prepared_statements: args.prepared_statements,
         max_attempts: args.max_attempts,
         publish_timeout: args.publish_timeout,
         retry_initial: args.retry_initial,

@@ -17,7 +17,7 @@ use crate::event::OutboxEvent;
 use crate::listener::{reason, Listener, Signals};
 use crate::metrics::{EventTypeLabel, FailedLabels, Metrics};
 use crate::publisher::{FailureKind, Outcome, Publisher};
-use crate::store::{Failure, Store};
+use crate::store::{Failure, Session, Store};
 
 /// After a batch that found rows, poll again after this pause rather than arming for notifications
 /// at once; the relay arms only after a poll comes back empty.
@@ -75,10 +75,7 @@ impl Relay {
     /// Like [`Relay::new`], recording into the given metrics (so an application can serve them).
     pub async fn with_metrics(mut config: RelayConfig, metrics: Arc<Metrics>) -> Result<Relay> {
         config.validate()?;
-        let (database_url, listen_url) = config.resolved_urls()?;
-        config.database_url = database_url;
-        config.listen_database_url = Some(listen_url);
-        config.schema = None; // applied to the URLs
+        config.listen_database_url = Some(config.resolved_listen_url()?);
         Ok(Relay {
             signals: Arc::new(Signals::default()),
             metrics,
@@ -182,8 +179,11 @@ impl Relay {
     }
 
     async fn check_database(&self) -> Result<()> {
-        let client = crate::db::connect(&self.config.database_url, "outbox-relay").await?;
-        crate::migrate::check_schema(&client).await
+        let mut client = crate::db::connect(&self.config.database_url, "outbox-relay").await?;
+        let tx = crate::ops::transaction_in(&mut client, self.config.schema.as_deref()).await?;
+        crate::migrate::check_schema(&tx).await?;
+        tx.commit().await?;
+        Ok(())
     }
 
     /// Starts the side tasks and runs the processor until shutdown, then hands over.
@@ -219,6 +219,7 @@ impl Relay {
         if let Some(retention) = self.config.retention {
             handles.push(tokio::spawn(crate::background::retention(
                 self.config.database_url.clone(),
+                self.config.schema.clone(),
                 retention,
                 tasks.clone(),
             )));
@@ -228,10 +229,17 @@ impl Relay {
             publisher,
             signals: &self.signals,
             metrics: &self.metrics,
-            stores: [
-                Store::new(self.config.database_url.clone()),
-                Store::new(self.config.database_url.clone()),
-            ],
+            stores: {
+                let session = Session::new(
+                    self.config.schema.as_deref(),
+                    self.config.prepared_statements,
+                );
+                let url = &self.config.database_url;
+                [
+                    Store::new(url.clone(), session.clone()),
+                    Store::new(url.clone(), session),
+                ]
+            },
         };
         let result = processor.process(shutdown).await;
         // Whatever is left is for the other relays: wake them rather than leave it to their

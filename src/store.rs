@@ -31,17 +31,116 @@ const RECORD_FAILURES: &str = include_str!("../sql/queries/record_failures.sql")
 const WAKE: &str = include_str!("../sql/queries/wake.sql");
 const BEGIN_CLAIM: &str = include_str!("../sql/queries/begin_claim.sql");
 
-struct Statements {
-    claim_ordered: Statement,
-    claim_ordered_sparse: Statement,
-    claim_unordered: Statement,
-    release: Statement,
-    record_failures: Statement,
+/// A statement of the relay: prepared once per connection, or sent unnamed (parsed and planned
+/// each time) where a transaction pooler does not keep prepared statements between transactions.
+enum Stmt {
+    Prepared(Statement),
+    Unnamed(&'static str, &'static [Type]),
 }
 
-/// The worker connection with its prepared statements; reconnects lazily after a loss.
+impl Stmt {
+    async fn new(
+        client: &Client,
+        sql: &'static str,
+        types: &'static [Type],
+        prepare: bool,
+    ) -> Result<Stmt> {
+        Ok(if prepare {
+            Stmt::Prepared(client.prepare_typed(sql, types).await?)
+        } else {
+            Stmt::Unnamed(sql, types)
+        })
+    }
+
+    async fn query_raw(
+        &self,
+        client: &Client,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> std::result::Result<tokio_postgres::RowStream, tokio_postgres::Error> {
+        match self {
+            Stmt::Prepared(statement) => client.query_raw(statement, params.iter().copied()).await,
+            Stmt::Unnamed(sql, types) => {
+                let typed = params.iter().copied().zip(types.iter().cloned());
+                client.query_typed_raw(sql, typed).await
+            }
+        }
+    }
+
+    async fn execute(
+        &self,
+        client: &Client,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> std::result::Result<u64, tokio_postgres::Error> {
+        match self {
+            Stmt::Prepared(statement) => client.execute(statement, params).await,
+            Stmt::Unnamed(sql, types) => {
+                let typed: Vec<(&(dyn ToSql + Sync), Type)> =
+                    params.iter().copied().zip(types.iter().cloned()).collect();
+                client.execute_typed(sql, &typed).await
+            }
+        }
+    }
+}
+
+const CLAIM_TYPES: &[Type] = &[Type::INT8, Type::INT8];
+const RELEASE_TYPES: &[Type] = &[Type::UUID_ARRAY];
+const RECORD_FAILURES_TYPES: &[Type] = &[
+    Type::UUID_ARRAY,
+    Type::TEXT_ARRAY,
+    Type::INT8_ARRAY,
+    Type::BOOL_ARRAY,
+    Type::INT4_ARRAY,
+];
+
+struct Statements {
+    claim_ordered: Stmt,
+    claim_ordered_sparse: Stmt,
+    claim_unordered: Stmt,
+    release: Stmt,
+    record_failures: Stmt,
+}
+
+/// How the worker connection talks to PostgreSQL: what a transaction starts with and whether
+/// statements are prepared.
+#[derive(Clone)]
+pub(crate) struct Session {
+    /// `BEGIN` with the transaction-local settings (search_path for `--schema`, planner
+    /// settings): nothing stays on the connection after the transaction, so a transaction pooler
+    /// can share it.
+    begin: String,
+    /// `--schema` applied to one statement run outside a claim.
+    wrap: Option<String>,
+    prepare: bool,
+}
+
+impl Session {
+    pub fn new(schema: Option<&str>, prepare: bool) -> Session {
+        // Plain lowercase identifiers only (`db::validate_schema`), quoted all the same.
+        let path = schema.map(|s| format!("SET LOCAL search_path TO \"{s}\";\n"));
+        let begin = match &path {
+            Some(path) => BEGIN_CLAIM.replacen("BEGIN;\n", &format!("BEGIN;\n{path}"), 1),
+            None => BEGIN_CLAIM.to_string(),
+        };
+        Session {
+            begin,
+            wrap: path,
+            prepare,
+        }
+    }
+
+    /// `sql` (a statement that needs the outbox's schema) as a batch of its own.
+    fn batch(&self, sql: &str) -> String {
+        match &self.wrap {
+            Some(path) => format!("BEGIN;\n{path}{sql};\nCOMMIT"),
+            None => sql.to_string(),
+        }
+    }
+}
+
+/// The worker connection with its statements; reconnects lazily after a loss.
 pub(crate) struct Store {
     url: String,
+    session: Session,
     conn: Option<(Client, Statements)>,
     /// A claim's transaction was left open (its batch failed half-way); roll it back first.
     in_tx: bool,
@@ -82,9 +181,10 @@ pub(crate) struct Claim<'a> {
 }
 
 impl Store {
-    pub fn new(url: String) -> Self {
+    pub fn new(url: String, session: Session) -> Self {
         Store {
             url,
+            session,
             conn: None,
             in_tx: false,
             sparse: false,
@@ -101,17 +201,27 @@ impl Store {
         self.conn.as_ref().is_some_and(|(c, _)| !c.is_closed())
     }
 
-    /// A new worker connection with its prepared statements (no session state: settings are
-    /// per transaction, see `begin_claim.sql`).
-    async fn open(url: &str) -> Result<(Client, Statements)> {
+    /// A new worker connection with its statements. No session state: settings are per
+    /// transaction (see `begin_claim.sql`). Statements are prepared inside such a transaction, so
+    /// that `--schema` resolves their tables.
+    async fn open(url: &str, session: &Session) -> Result<(Client, Statements)> {
         let client = crate::db::connect(url, "outbox-relay").await?;
+        let prepare = session.prepare;
+        if prepare {
+            client.batch_execute(&session.begin).await?;
+        }
         let statements = Statements {
-            claim_ordered: client.prepare(CLAIM_ORDERED).await?,
-            claim_ordered_sparse: client.prepare(CLAIM_ORDERED_SPARSE).await?,
-            claim_unordered: client.prepare(CLAIM_UNORDERED).await?,
-            release: client.prepare(RELEASE).await?,
-            record_failures: client.prepare(RECORD_FAILURES).await?,
+            claim_ordered: Stmt::new(&client, CLAIM_ORDERED, CLAIM_TYPES, prepare).await?,
+            claim_ordered_sparse: Stmt::new(&client, CLAIM_ORDERED_SPARSE, CLAIM_TYPES, prepare)
+                .await?,
+            claim_unordered: Stmt::new(&client, CLAIM_UNORDERED, CLAIM_TYPES, prepare).await?,
+            release: Stmt::new(&client, RELEASE, RELEASE_TYPES, prepare).await?,
+            record_failures: Stmt::new(&client, RECORD_FAILURES, RECORD_FAILURES_TYPES, prepare)
+                .await?,
         };
+        if prepare {
+            client.batch_execute("COMMIT").await?;
+        }
         Ok((client, statements))
     }
 
@@ -130,7 +240,7 @@ impl Store {
         }
         let conn = match self.conn.take() {
             Some(conn) => conn,
-            None => Self::open(&self.url).await?,
+            None => Self::open(&self.url, &self.session).await?,
         };
         let (client, statements) = &*self.conn.insert(conn);
         if self.in_tx {
@@ -147,7 +257,7 @@ impl Store {
         let bytes_i64 = i64::try_from(max_bytes).unwrap_or(i64::MAX);
         self.in_tx = true;
         let (begun, rows) = futures::join!(
-            client.batch_execute(BEGIN_CLAIM),
+            client.batch_execute(&self.session.begin),
             read_claim(client, statement, limit_i64, bytes_i64)
         );
         let mut rows = match (begun, rows) {
@@ -161,7 +271,7 @@ impl Store {
                     .filter_map(|r| r.event.as_ref().map(|e| e.id))
                     .collect();
                 self.in_tx = false;
-                client.execute(&statements.release, &[&ids]).await?;
+                statements.release.execute(client, &[&ids]).await?;
                 return Err(e.into());
             }
             (Err(e), Err(_)) => return Err(e.into()),
@@ -213,7 +323,8 @@ impl Store {
         if self.in_tx {
             return;
         }
-        let wake = tokio::time::timeout(Duration::from_secs(2), client.batch_execute(WAKE));
+        let wake = self.session.batch(WAKE);
+        let wake = tokio::time::timeout(Duration::from_secs(2), client.batch_execute(&wake));
         match wake.await {
             Ok(Ok(())) => tracing::debug!("woke the other relays"),
             Ok(Err(e)) => tracing::warn!(error = %e, "could not wake the other relays"),
@@ -235,12 +346,11 @@ struct ClaimedRow {
 
 async fn read_claim(
     client: &Client,
-    statement: &Statement,
+    statement: &Stmt,
     limit: i64,
     max_bytes: i64,
 ) -> Result<Vec<ClaimedRow>> {
-    let params: [&(dyn ToSql + Sync); 2] = [&limit, &max_bytes];
-    let stream = client.query_raw(statement, params).await?;
+    let stream = statement.query_raw(client, &[&limit, &max_bytes]).await?;
     futures::pin_mut!(stream);
     let mut rows = Vec::new();
     while let Some(row) = stream.try_next().await? {
@@ -436,8 +546,9 @@ impl Claim<'_> {
             .copied()
             .collect();
         if !held_back.is_empty() {
-            self.client
-                .execute(&self.statements.release, &[&held_back])
+            self.statements
+                .release
+                .execute(self.client, &[&held_back])
                 .await?;
         }
         if !failures.is_empty() {
@@ -452,11 +563,9 @@ impl Claim<'_> {
                 .iter()
                 .map(|f| i32::from(f.spend_attempt))
                 .collect();
-            self.client
-                .execute(
-                    &self.statements.record_failures,
-                    &[&ids, &errors, &delays, &dead, &spent],
-                )
+            self.statements
+                .record_failures
+                .execute(self.client, &[&ids, &errors, &delays, &dead, &spent])
                 .await?;
         }
         self.end("COMMIT").await

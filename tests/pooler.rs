@@ -453,3 +453,104 @@ async fn operator_commands_and_writers_through_pgbouncer_with_a_schema() {
     let log = std::fs::read_to_string(p.bouncer.log_path()).unwrap_or_default();
     assert!(!log.contains("unsupported startup parameter"), "{log}");
 }
+
+/// The relay itself behind PgBouncer in transaction mode with `--schema` and unnamed statements
+/// (PgBouncer 1.18 keeps no prepared statements), LISTEN on a direct connection: two relays drain
+/// a backlog and a live stream written through the pooler, each event once and in order per
+/// aggregate, and leave no setting of theirs (planner settings, search_path, timeouts) on the
+/// pooled server connections.
+#[tokio::test]
+async fn two_relays_through_pgbouncer_with_a_schema() {
+    use common::outbox::{assert_ledger, Stored, Written};
+    let p = Pooled::new().await;
+    p.cli_ok(&["migrate"]).await;
+    let nats = common::NatsServer::start();
+    // A stream on the default subjects.
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.expect("nats"));
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: "OUTBOX".into(),
+        subjects: vec!["outbox.>".into()],
+        ..Default::default()
+    })
+    .await
+    .expect("stream");
+
+    // A backlog written through the pooler by the writer API (the application's own transactions).
+    let writer = async |aggregates: std::ops::Range<usize>, per: usize| {
+        let mut client = pg_client(&p.pooled).await;
+        for n in 0..per {
+            for a in aggregates.clone() {
+                let tx = client.transaction().await.expect("tx");
+                tx.batch_execute(&format!("SET LOCAL search_path TO {SCHEMA}"))
+                    .await
+                    .expect("search_path");
+                enqueue(&tx, &event(&format!("agg-{a}"), n))
+                    .await
+                    .expect("enqueue");
+                tx.commit().await.expect("commit");
+            }
+        }
+    };
+    writer(0..20, 10).await;
+
+    let relay = |name: &str| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+        cmd.args([
+            "run",
+            "--schema",
+            SCHEMA,
+            "--prepared-statements",
+            "false",
+            "--batch-size",
+            "50",
+            "--fallback-interval",
+            "60s",
+            "--metrics-addr",
+            "off",
+        ])
+        .env(
+            "DATABASE_URL",
+            format!("{}?application_name={name}", p.pooled),
+        )
+        .env("OUTBOX_LISTEN_DATABASE_URL", &p.direct)
+        .env("NATS_URL", nats.url())
+        .env_remove("OUTBOX_SCHEMA")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+        common::outbox::ChildGuard(cmd.spawn().expect("spawn the relay"))
+    };
+    let relays = [relay("relay-a"), relay("relay-b")];
+    // A live stream on top, from two writers at once.
+    tokio::join!(writer(20..30, 20), writer(30..40, 20));
+
+    let total = 20 * 10 + 2 * 10 * 20;
+    common::wait_until("everything relayed", T, || async {
+        p.direct_count("processed_at IS NULL").await == 0
+    })
+    .await;
+    let direct = pg_client(&p.direct).await;
+    let written: Vec<Written> = direct
+        .query(
+            &format!(
+                "SELECT id, seq, aggregate_type || '/' || aggregate_id FROM {SCHEMA}.outbox_events ORDER BY seq"
+            ),
+            &[],
+        )
+        .await
+        .expect("ledger")
+        .iter()
+        .map(|r| Written {
+            id: r.get(0),
+            seq: r.get(1),
+            aggregate: r.get(2),
+        })
+        .collect();
+    assert_eq!(written.len(), total);
+    let stored: Vec<Stored> = common::outbox::read_stream(&js, "OUTBOX").await;
+    assert_ledger(&written, &stored);
+    p.assert_no_session_state("two relays drained through the pooler", 3)
+        .await;
+    drop(relays);
+}

@@ -169,33 +169,45 @@ impl Env {
     }
 
     async fn read_stream(&self, headers_only: bool) -> Vec<Stored> {
-        let js = self.js().await;
-        let s = js.get_stream(STREAM).await.expect("stream");
-        let total = self.stream_len().await as usize;
-        let mut out = Vec::with_capacity(total);
-        if total == 0 {
-            return out;
-        }
-        let consumer = s
-            .create_consumer(jetstream::consumer::pull::OrderedConfig {
-                headers_only,
-                ..Default::default()
-            })
-            .await
-            .expect("ordered consumer");
-        let mut messages = consumer.messages().await.expect("messages");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while out.len() < total {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let msg = tokio::time::timeout(left, messages.next())
-                .await
-                .expect("reading the stream timed out")
-                .expect("stream ended")
-                .expect("message");
-            out.push(Stored::from_message(&msg));
-        }
-        out
+        read_stream_with(&self.js().await, STREAM, headers_only).await
     }
+}
+
+/// Every message of `stream`, in stream order.
+pub async fn read_stream(js: &jetstream::Context, stream: &str) -> Vec<Stored> {
+    read_stream_with(js, stream, false).await
+}
+
+async fn read_stream_with(
+    js: &jetstream::Context,
+    stream: &str,
+    headers_only: bool,
+) -> Vec<Stored> {
+    let mut s = js.get_stream(stream).await.expect("stream");
+    let total = s.info().await.expect("stream info").state.messages as usize;
+    let mut out = Vec::with_capacity(total);
+    if total == 0 {
+        return out;
+    }
+    let consumer = s
+        .create_consumer(jetstream::consumer::pull::OrderedConfig {
+            headers_only,
+            ..Default::default()
+        })
+        .await
+        .expect("ordered consumer");
+    let mut messages = consumer.messages().await.expect("messages");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while out.len() < total {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let msg = tokio::time::timeout(left, messages.next())
+            .await
+            .expect("reading the stream timed out")
+            .expect("stream ended")
+            .expect("message");
+        out.push(Stored::from_message(&msg));
+    }
+    out
 }
 
 /// Asserts that no event id appears twice in the stream and returns the ids in stream order.
@@ -361,5 +373,15 @@ impl Env {
             )
             .await
             .expect("insert interleaved");
+    }
+}
+
+/// A child process killed when dropped (a relay started with its own arguments).
+pub struct ChildGuard(pub Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
