@@ -55,6 +55,37 @@ async fn node_killed_mid_drain_loses_and_duplicates_nothing() {
     outbox_relay::migrate::migrate(&mut pg)
         .await
         .expect("migrate");
+
+    let config = RelayConfig {
+        database_url: db.clone(),
+        nats_url: urls,
+        publish_timeout: Duration::from_secs(2),
+        fallback_interval: Duration::from_secs(1),
+        retry_initial: Duration::from_millis(100),
+        retry_max: Duration::from_secs(1),
+        batch_size: 500,
+        ..RelayConfig::default()
+    };
+    let relay = Relay::new(config).await.expect("valid config");
+    let metrics = relay.metrics();
+    // The relay connects when it runs; the table is still empty, so it waits idle.
+    let token = CancellationToken::new();
+    let relay = RunningRelay {
+        handle: tokio::spawn(relay.run(token.clone())),
+        token,
+    };
+
+    // The victim: the node serving the relay's connection, made the stream leader as well.
+    let victim = tokio::task::block_in_place(|| relay_node(&nodes, Duration::from_secs(10)))
+        .expect("no node lists the relay's connection");
+    let victim_name = name_of(&nodes[victim]);
+    let leader = move_stream_leader(&client, &js, &victim_name, 10).await;
+    let meta_leader = tokio::task::block_in_place(|| meta_leader(&nodes));
+    eprintln!(
+        "relay connected to {victim_name}; stream leader {leader}; meta leader {}",
+        meta_leader.as_deref().unwrap_or("?")
+    );
+
     // One row per (step, type, id), aggregates interleaved: seq order is the step order within
     // every aggregate.
     let inserted = pg
@@ -73,36 +104,6 @@ async fn node_killed_mid_drain_loses_and_duplicates_nothing() {
         .await
         .expect("insert");
     assert_eq!(inserted, TOTAL);
-
-    let config = RelayConfig {
-        database_url: db.clone(),
-        nats_url: urls,
-        publish_timeout: Duration::from_secs(2),
-        fallback_interval: Duration::from_secs(1),
-        retry_initial: Duration::from_millis(100),
-        retry_max: Duration::from_secs(1),
-        batch_size: 500,
-        ..RelayConfig::default()
-    };
-    let relay = Relay::new(config).await.expect("relay starts");
-    let metrics = relay.metrics();
-
-    // The victim: the node serving the relay's connection, made the stream leader as well.
-    let victim = tokio::task::block_in_place(|| relay_node(&nodes, Duration::from_secs(10)))
-        .expect("no node lists the relay's connection");
-    let victim_name = name_of(&nodes[victim]);
-    let leader = move_stream_leader(&client, &js, &victim_name, 10).await;
-    let meta_leader = tokio::task::block_in_place(|| meta_leader(&nodes));
-    eprintln!(
-        "relay connected to {victim_name}; stream leader {leader}; meta leader {}",
-        meta_leader.as_deref().unwrap_or("?")
-    );
-
-    let token = CancellationToken::new();
-    let relay = RunningRelay {
-        handle: tokio::spawn(relay.run(token.clone())),
-        token,
-    };
     let drain_started = Instant::now();
     // Samples the relay's broker gauge: how long it saw JetStream unavailable (for the log).
     let outage = {
