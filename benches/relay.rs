@@ -69,6 +69,12 @@ const CLASSIC_TRIGGER_SQL: &str = include_str!("classic_trigger.sql");
 const WRITER_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/writer.sql");
 const RELAY_BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
 
+/// The relay binary: this build's, or `OUTBOX_BENCH_RELAY_BIN` (another build to compare with, in
+/// the same run on the same machine).
+fn relay_bin() -> String {
+    std::env::var("OUTBOX_BENCH_RELAY_BIN").unwrap_or_else(|_| RELAY_BIN.to_string())
+}
+
 /// Advisory key an idle relay holds while it waits for notifications (see the migration's
 /// `outbox_events_notify`), as pg_locks shows it: classid = high 32 bits, objid = low 32 bits.
 const ARMED_SQL: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks \
@@ -548,7 +554,8 @@ impl RelayProc {
     fn spawn(ctx: &Ctx, name: &str, db_url: &str, extra: &[String]) -> Res<RelayProc> {
         let log = ctx.log_dir.join(format!("{name}.log"));
         let log_file = std::fs::File::create(&log).ctx(&format!("create {}", log.display()))?;
-        let mut cmd = Command::new(RELAY_BIN);
+        let bin = relay_bin();
+        let mut cmd = Command::new(&bin);
         cmd.arg("run")
             .args(["--database-url", db_url])
             .args(["--nats-url", &ctx.nats_url])
@@ -568,7 +575,7 @@ impl RelayProc {
                 Ok(())
             });
         }
-        let child = cmd.spawn().ctx(&format!("spawn {RELAY_BIN}"))?;
+        let child = cmd.spawn().ctx(&format!("spawn {bin}"))?;
         Ok(RelayProc {
             name: name.into(),
             child,
