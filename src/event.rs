@@ -14,6 +14,10 @@ use crate::error::{Error, Result};
 pub const MAX_EVENT_TYPE_LEN: usize = 100;
 pub const MAX_AGGREGATE_LEN: usize = 255;
 
+/// JetStream stores a message's header block with a 16-bit length: every stream refuses a block
+/// larger than this ("header size exceeds maximum allowed of 64k"), whatever its limits.
+pub const MAX_HEADER_BLOCK_BYTES: usize = 65_535;
+
 /// An event to write into the outbox inside the application's transaction.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewEvent {
@@ -63,6 +67,12 @@ impl NewEvent {
         validate_name("aggregate_id", &self.aggregate_id, MAX_AGGREGATE_LEN)?;
         validate_event_type(&self.event_type)?;
         validate_headers(&self.headers)?;
+        validate_header_block(
+            &self.aggregate_type,
+            &self.aggregate_id,
+            &self.event_type,
+            &self.headers,
+        )?;
         validate_payload(&self.payload)
     }
 }
@@ -102,7 +112,13 @@ impl OutboxEvent {
         validate_name("aggregate_type", &self.aggregate_type, MAX_AGGREGATE_LEN)?;
         validate_name("aggregate_id", &self.aggregate_id, MAX_AGGREGATE_LEN)?;
         validate_event_type(&self.event_type)?;
-        validate_headers(&self.headers)
+        validate_headers(&self.headers)?;
+        validate_header_block(
+            &self.aggregate_type,
+            &self.aggregate_id,
+            &self.event_type,
+            &self.headers,
+        )
     }
 }
 
@@ -211,6 +227,42 @@ fn validate_headers(headers: &BTreeMap<String, String>) -> Result<()> {
     Ok(())
 }
 
+/// The header block the relay publishes, as NATS writes it (`NATS/1.0\r\n`, `Name: value\r\n` per
+/// header, a blank line): the event's headers and the relay's own must fit JetStream's limit.
+/// JetStream's refusal (error 10097) would look like broker trouble to the relay: no attempt spent,
+/// the row retried for ever and its aggregate stuck, the relay backing off as if the broker were
+/// down.
+fn validate_header_block(
+    aggregate_type: &str,
+    aggregate_id: &str,
+    event_type: &str,
+    headers: &BTreeMap<String, String>,
+) -> Result<()> {
+    use crate::publisher::{
+        HEADER_AGGREGATE_ID, HEADER_AGGREGATE_TYPE, HEADER_CREATED_AT, HEADER_EVENT_ID,
+        HEADER_EVENT_TYPE,
+    };
+    const UUID_LEN: usize = 36;
+    /// `2024-01-01T00:00:00.000000Z`: every date that passes validation.
+    const CREATED_AT_LEN: usize = 27;
+    let line = |name: &str, value_len: usize| name.len() + ": ".len() + value_len + "\r\n".len();
+    let relay = line("Nats-Msg-Id", UUID_LEN)
+        + line(HEADER_EVENT_ID, UUID_LEN)
+        + line(HEADER_AGGREGATE_TYPE, aggregate_type.len())
+        + line(HEADER_AGGREGATE_ID, aggregate_id.len())
+        + line(HEADER_EVENT_TYPE, event_type.len())
+        + line(HEADER_CREATED_AT, CREATED_AT_LEN);
+    let own: usize = headers.iter().map(|(n, v)| line(n, v.len())).sum();
+    let size = "NATS/1.0\r\n".len() + relay + own + "\r\n".len();
+    if size > MAX_HEADER_BLOCK_BYTES {
+        return Err(Error::InvalidEvent(format!(
+            "headers take {size} bytes with the relay's own, more than the {MAX_HEADER_BLOCK_BYTES} \
+             JetStream stores"
+        )));
+    }
+    Ok(())
+}
+
 /// `version-traceid-parentid-flags`, lowercase hex, as in the W3C Trace Context spec.
 fn is_traceparent(v: &str) -> bool {
     let parts: Vec<&str> = v.split('-').collect();
@@ -288,5 +340,27 @@ mod tests {
             .with_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
             .validate()
             .is_ok());
+    }
+
+    #[test]
+    fn refuses_headers_over_jetstream_limit() {
+        // With ev("a"): "NATS/1.0\r\n" 10, the relay's six headers 231, "X-Big: " and "\r\n" 9,
+        // the final "\r\n" 2.
+        let fits = MAX_HEADER_BLOCK_BYTES - 252;
+        assert!(ev("a")
+            .with_header("X-Big", "v".repeat(fits))
+            .validate()
+            .is_ok());
+        let over = ev("a").with_header("X-Big", "v".repeat(fits + 1));
+        let error = over.validate().expect_err("one byte over").to_string();
+        assert!(error.contains("65536"), "{error}");
+        assert!(ev("a")
+            .with_header("h".repeat(70_000), "v")
+            .validate()
+            .is_err());
+        // The relay's own headers count: a longer aggregate leaves less room.
+        let mut e = ev("a").with_header("X-Big", "v".repeat(fits));
+        e.aggregate_id = "420".into();
+        assert!(e.validate().is_err());
     }
 }
