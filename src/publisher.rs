@@ -392,23 +392,33 @@ impl Publisher {
                 let code = std::error::Error::source(e)
                     .and_then(|s| s.downcast_ref::<jetstream::Error>())
                     .map(jetstream::Error::error_code);
-                match code {
-                    Some(jetstream::ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM) => Failure::new(
+                match code.map(|c| c.0) {
+                    // The stream's maximum message size; headers over JetStream's 64 KiB.
+                    Some(10054) | Some(10097) => Failure::new(
                         FailureKind::TooLarge,
                         format!(
-                            "message larger than the stream's maximum message size (payload {} bytes): {e}",
+                            "message too large for the stream (payload {} bytes): {e}",
                             event.payload.len()
                         ),
                     ),
-                    Some(jetstream::ErrorCode::STREAM_NOT_FOUND) => Failure::new(
+                    Some(10059) => Failure::new(
                         FailureKind::Rejected,
                         format!(
                             "no JetStream stream listens on subject {}",
                             self.subject(event)
                         ),
                     ),
-                    // Storage full, resources exceeded, no leader, the connection...: the broker's.
-                    _ => Failure::new(FailureKind::Broker, e.to_string()),
+                    // Resources or storage exceeded (10002, 10023, 10028, 10047), the store
+                    // refusing a write, e.g. a full stream with discard new (10077), the cluster
+                    // incomplete, without peers, inactive or without a leader (10004-10010),
+                    // "no responders": the broker's trouble.
+                    Some(10002 | 10023 | 10028 | 10047 | 10077 | 10004..=10010) | None => {
+                        Failure::new(FailureKind::Broker, e.to_string())
+                    }
+                    // Any other answer of JetStream's about this message: the event's, so that a
+                    // message it keeps refusing is dead-lettered after --max-attempts instead of
+                    // holding its aggregate for ever.
+                    Some(_) => Failure::new(FailureKind::Rejected, e.to_string()),
                 }
             }
             _ => Failure::new(FailureKind::Broker, e.to_string()),

@@ -507,7 +507,8 @@ fn decide(
     message: &str,
 ) -> Failure {
     let spend = kind.spends_attempt();
-    let attempt = event.attempts.saturating_add(i32::from(spend));
+    // Rows written by raw SQL may hold a negative count: count from zero then.
+    let attempt = event.attempts.max(0).saturating_add(i32::from(spend));
     let max_attempts = i32::try_from(config.max_attempts).unwrap_or(i32::MAX);
     let dead_letter = kind.is_permanent() || (spend && attempt >= max_attempts);
     // The broker's trouble: try again soon (the relay itself backs off meanwhile).

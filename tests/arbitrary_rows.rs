@@ -1049,38 +1049,18 @@ async fn operator_commands_work(env: &Env) {
     assert_eq!(code, Some(0), "dead-letters list: {out}{err}");
     for args in [["status", "--json"].as_slice(), ["status"].as_slice()] {
         let (code, out, err) = cli(&env.db, args);
-        if code != Some(0) && infinite_created_at_waits(env, &err).await {
-            eprintln!(
-                "KNOWN BUG (sql/queries/status.sql, see `status_with_an_infinite_created_at_pending`): \
-                 {args:?} failed: {}",
-                err.trim()
-            );
-            continue;
-        }
         assert_eq!(code, Some(0), "{args:?}: {out}{err}");
     }
 }
 
-/// The status query's known failure: a pending row that is not dead-lettered (one waiting behind
-/// a dead letter) with an infinite `created_at` makes `now() - min(created_at)` fail.
-async fn infinite_created_at_waits(env: &Env, error: &str) -> bool {
-    error.contains("cannot subtract infinite timestamps")
-        && env
-            .count("processed_at IS NULL AND dead_lettered_at IS NULL AND NOT isfinite(created_at)")
-            .await
-            > 0
-}
-
-/// A known bug in `sql/queries/status.sql`, not fixed yet (with the fix, drop `#[ignore]` here and
-/// the tolerance in `operator_commands_work`): `now() - min(created_at) FILTER (WHERE
-/// dead_lettered_at IS NULL)` fails with "cannot subtract infinite timestamps" (PostgreSQL 16 and
+/// Found by the property test: `now() - min(created_at) FILTER (WHERE dead_lettered_at IS NULL)`
+/// failed with "cannot subtract infinite timestamps" (PostgreSQL 16 and
 /// older; 17 returns an infinite interval) while a pending row with `created_at` infinity or
 /// -infinity is not dead-lettered: a row waiting behind a dead letter of its aggregate, or any such
 /// row until the relay dead-letters it. Then `outbox-relay status` exits 1, and the relay's gauge
 /// task fails every `stats_interval`, leaves the gauges stale and marks the database as down, so
 /// `/readyz` answers 503 for as long as the row waits.
 #[tokio::test]
-#[ignore = "known bug in sql/queries/status.sql: an infinite created_at behind a dead letter"]
 async fn status_with_an_infinite_created_at_pending() {
     let env = Env::new().await;
     let client = env.client().await;

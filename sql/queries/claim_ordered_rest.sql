@@ -17,11 +17,12 @@
         LIMIT (SELECT ($1 - 1) / greatest(count(*), 1) FROM heads)
         FOR UPDATE OF e SKIP LOCKED) f
     LIMIT $1 - (SELECT count(*) FROM heads)
-), spans AS (
+), spans AS MATERIALIZED (
     SELECT aggregate_type, aggregate_id, head_seq, max(seq) AS last_seq, count(*) AS locked
     FROM followers
     GROUP BY aggregate_type, aggregate_id, head_seq
-), gaps AS (
+), gaps AS MATERIALIZED (
+    -- Computed once (MATERIALIZED: inlined, it would run again for every follower below).
     -- SKIP LOCKED passes over a follower that another session holds (an operator's SELECT ... FOR
     -- UPDATE, a foreign-key check): the rows after it must wait, or they would overtake it. Where
     -- an aggregate has fewer followers locked than pending rows up to its last one, its first
@@ -52,24 +53,34 @@
                                 AND g.aggregate_id = f.aggregate_id), false),
            f.size
     FROM followers f
+), total AS (
+    SELECT coalesce(sum(size) FILTER (WHERE eligible AND NOT gap), 0) AS bytes FROM claimed
 ), plan AS (
-    -- Byte budget ($2): in seq order, rows while the running total of the publishable ones fits;
-    -- the first row always (a row larger than the budget goes alone). Held back by the budget or a
-    -- gap, a row stays locked but unmarked until the commit, and its aggregate stops there.
+    -- Byte budget ($2). Within it (the common case) every eligible row before a gap is published;
+    -- over it, rows in seq order while the running total fits, the first row always (a row larger
+    -- than the budget goes alone). Each branch runs only when its one-time filter holds, so the
+    -- common case pays no sort. Held back by the budget or a gap, a row stays locked but unmarked
+    -- until the commit, and its aggregate stops there.
     SELECT c.id, c.seq, c.aggregate_type, c.aggregate_id, c.eligible,
-           c.eligible AND NOT c.gap AS publishable,
-           sum(CASE WHEN c.eligible AND NOT c.gap THEN c.size ELSE 0 END)
-               OVER (ORDER BY c.seq ROWS UNBOUNDED PRECEDING) AS running,
-           row_number() OVER (ORDER BY c.seq) AS n
+           c.eligible AND NOT c.gap AS publish
     FROM claimed c
+    WHERE (SELECT bytes FROM total) <= $2
+    UNION ALL
+    SELECT w.id, w.seq, w.aggregate_type, w.aggregate_id, w.eligible,
+           w.eligible AND NOT w.gap AND (w.running <= $2 OR w.n = 1)
+    FROM (SELECT c.*,
+                 sum(CASE WHEN c.eligible AND NOT c.gap THEN c.size ELSE 0 END)
+                     OVER (ORDER BY c.seq ROWS UNBOUNDED PRECEDING) AS running,
+                 row_number() OVER (ORDER BY c.seq) AS n
+          FROM claimed c) w
+    WHERE (SELECT bytes FROM total) > $2
 ), marked AS (
     -- One primary-key probe per published row (`= ANY(ARRAY(...))`, not a join: with the statistics
     -- of a table that grew since its last analyze the planner may otherwise scan the table once per
     -- row).
     UPDATE outbox_events u
     SET processed_at = now(), retry_after = NULL
-    WHERE u.id = ANY(ARRAY(SELECT p.id FROM plan p
-                           WHERE p.publishable AND (p.running <= $2 OR p.n = 1)))
+    WHERE u.id = ANY(ARRAY(SELECT p.id FROM plan p WHERE p.publish))
     RETURNING u.id, u.seq, u.aggregate_type, u.aggregate_id, u.event_type,
               u.payload::text AS payload, u.headers::text AS headers, u.attempts, u.created_at,
               true AS eligible, false AS held
@@ -82,4 +93,4 @@ UNION ALL
 SELECT p.id, p.seq, p.aggregate_type, p.aggregate_id, NULL::varchar, NULL::text, NULL::text,
        NULL::int, NULL::timestamptz, false, p.eligible
 FROM plan p
-WHERE NOT (p.publishable AND (p.running <= $2 OR p.n = 1))
+WHERE NOT p.publish

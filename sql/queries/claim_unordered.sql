@@ -12,11 +12,20 @@ WITH claimed AS (
     ORDER BY e.seq
     LIMIT $1
     FOR UPDATE OF e SKIP LOCKED
+), total AS (
+    SELECT coalesce(sum(size), 0) AS bytes FROM claimed
 ), plan AS (
-    SELECT c.id, c.seq, c.aggregate_type, c.aggregate_id,
-           sum(c.size) OVER (ORDER BY c.seq ROWS UNBOUNDED PRECEDING) <= $2
-             OR row_number() OVER (ORDER BY c.seq) = 1 AS publish
+    -- Byte budget: see claim_ordered_rest.sql (the common case pays no sort).
+    SELECT c.id, c.seq, c.aggregate_type, c.aggregate_id, true AS publish
     FROM claimed c
+    WHERE (SELECT bytes FROM total) <= $2
+    UNION ALL
+    SELECT w.id, w.seq, w.aggregate_type, w.aggregate_id, w.running <= $2 OR w.n = 1
+    FROM (SELECT c.*,
+                 sum(c.size) OVER (ORDER BY c.seq ROWS UNBOUNDED PRECEDING) AS running,
+                 row_number() OVER (ORDER BY c.seq) AS n
+          FROM claimed c) w
+    WHERE (SELECT bytes FROM total) > $2
 ), marked AS (
     UPDATE outbox_events u
     SET processed_at = now(), retry_after = NULL

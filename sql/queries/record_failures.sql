@@ -3,8 +3,9 @@
 -- them back to pending in the same transaction.
 UPDATE outbox_events AS e
 SET processed_at     = NULL,
-    -- Rows written by raw SQL may hold any count: never overflow.
-    attempts         = CASE WHEN e.attempts < 2147483647 THEN e.attempts + f.spent ELSE e.attempts END,
+    -- Rows written by raw SQL may hold any count: never overflow, count a negative one from zero.
+    attempts         = CASE WHEN e.attempts < 2147483647 THEN greatest(e.attempts, 0) + f.spent
+                            ELSE e.attempts END,
     last_error       = f.error,
     retry_after      = CASE WHEN f.dead THEN NULL ELSE now() + f.delay_ms * interval '1 millisecond' END,
     dead_lettered_at = CASE WHEN f.dead THEN now() ELSE NULL END
