@@ -147,6 +147,8 @@ pub(crate) struct Store {
     /// Find ordered heads by hopping from aggregate to aggregate instead of walking the pending
     /// rows in seq order: cheaper while the backlog has fewer aggregates than the batch size.
     sparse: bool,
+    /// Rows to claim at most next time, below the batch size after a claim over the byte budget.
+    limit_hint: usize,
 }
 
 /// A failed publish of one row, as the relay decided to record it.
@@ -188,6 +190,7 @@ impl Store {
             conn: None,
             in_tx: false,
             sparse: false,
+            limit_hint: usize::MAX,
         }
     }
 
@@ -253,6 +256,10 @@ impl Store {
             Ordering::Aggregate if sparse => &statements.claim_ordered_sparse,
             Ordering::Aggregate => &statements.claim_ordered,
         };
+        // After a claim cut by the byte budget, claim about twice what fit then: every candidate's
+        // size is measured (big payloads as text), so candidates far past the budget cost time.
+        // The limit grows back while claims fit.
+        let limit = limit.min(self.limit_hint.max(1));
         let limit_i64 = i64::try_from(limit).unwrap_or(i64::MAX);
         let bytes_i64 = i64::try_from(max_bytes).unwrap_or(i64::MAX);
         self.in_tx = true;
@@ -283,6 +290,11 @@ impl Store {
             .iter()
             .filter_map(|r| r.event.as_ref().map(|e| e.id))
             .collect();
+        self.limit_hint = if held {
+            marked.len().saturating_mul(2).max(1)
+        } else {
+            limit.saturating_mul(2)
+        };
         let (groups, full) = match ordering {
             Ordering::None => (
                 rows.into_iter()
@@ -335,8 +347,8 @@ impl Store {
 
 /// One row of a claim, in seq order. `event` is `Some` for a row marked processed by the claim (to
 /// be published now); `None` for a row claimed but not publishable now: not eligible (waiting for
-/// its retry, dead-lettered) or `held` back (by the byte budget, or behind a row locked by another
-/// session). An aggregate stops at its first row without an event.
+/// its retry, dead-lettered) or held back (behind a row locked by another session, or by the byte
+/// budget: `held`). An aggregate stops at its first row without an event.
 struct ClaimedRow {
     seq: i64,
     aggregate: (String, String),

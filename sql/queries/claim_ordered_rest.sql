@@ -62,12 +62,13 @@
     -- common case pays no sort. Held back by the budget or a gap, a row stays locked but unmarked
     -- until the commit, and its aggregate stops there.
     SELECT c.id, c.seq, c.aggregate_type, c.aggregate_id, c.eligible,
-           c.eligible AND NOT c.gap AS publish
+           c.eligible AND NOT c.gap AS publish, false AS over_budget
     FROM claimed c
     WHERE (SELECT bytes FROM total) <= $2
     UNION ALL
     SELECT w.id, w.seq, w.aggregate_type, w.aggregate_id, w.eligible,
-           w.eligible AND NOT w.gap AND (w.running <= $2 OR w.n = 1)
+           w.eligible AND NOT w.gap AND (w.running <= $2 OR w.n = 1),
+           w.eligible AND NOT w.gap AND NOT (w.running <= $2 OR w.n = 1)
     FROM (SELECT c.*,
                  sum(CASE WHEN c.eligible AND NOT c.gap THEN c.size ELSE 0 END)
                      OVER (ORDER BY c.seq ROWS UNBOUNDED PRECEDING) AS running,
@@ -86,11 +87,11 @@
               true AS eligible, false AS held
 )
 -- The published rows with their content, then the rest of the claim by key only: rows not eligible
--- now (waiting for a retry, dead-lettered) and rows held back (gap, budget). The relay tells heads
+-- now (waiting for a retry, dead-lettered) and rows held back (gap, budget; `held`: by the budget). The relay tells heads
 -- from followers by seq within the batch, and stops each aggregate at its first row not marked.
 SELECT * FROM marked
 UNION ALL
 SELECT p.id, p.seq, p.aggregate_type, p.aggregate_id, NULL::varchar, NULL::text, NULL::text,
-       NULL::int, NULL::timestamptz, false, p.eligible
+       NULL::int, NULL::timestamptz, false, p.over_budget
 FROM plan p
 WHERE NOT p.publish
