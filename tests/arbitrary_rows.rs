@@ -17,12 +17,11 @@ mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::outbox::{assert_unique, Env, RunningRelay, Stored};
+use common::outbox::{assert_unique, cli, Env, RunningRelay, Stored};
 use common::wait_until;
 use outbox_relay::event::{MAX_AGGREGATE_LEN, MAX_EVENT_TYPE_LEN};
 use proptest::prelude::*;
@@ -1017,20 +1016,6 @@ async fn check_case(
     }
 }
 
-fn cli(db: &str, args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-        .args(args)
-        .env("DATABASE_URL", db)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run outbox-relay");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 /// The operator commands read every row left behind without failing.
 async fn operator_commands_work(env: &Env) {
     let dead = env.count("dead_lettered_at IS NOT NULL").await;
@@ -1073,9 +1058,7 @@ async fn status_with_an_infinite_created_at_pending() {
         )
         .await
         .expect("insert");
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port");
+    let addr = common::free_addr();
     let mut config = env.config();
     config.metrics_addr = Some(addr);
     config.stats_interval = Duration::from_millis(100);
@@ -1088,29 +1071,11 @@ async fn status_with_an_infinite_created_at_pending() {
     .await;
     // Some stats ticks over the waiting row.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let ready = readyz(addr).await;
+    let ready = common::http_get(addr, "/readyz").await;
     let (code, out, err) = cli(&env.db, &["status", "--json"]);
     relay.stop().await;
     assert_eq!(code, Some(0), "status --json: {out}{err}");
-    let status_line = ready.lines().next().unwrap_or_default();
-    assert!(status_line.contains(" 200 "), "/readyz: {ready}");
-}
-
-/// The raw HTTP/1.0 answer to `GET /readyz`.
-async fn readyz(addr: std::net::SocketAddr) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("connect to the metrics listener");
-    s.write_all(b"GET /readyz HTTP/1.0\r\nHost: x\r\n\r\n")
-        .await
-        .expect("request");
-    let mut answer = String::new();
-    tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut answer))
-        .await
-        .expect("/readyz answers within 5 s")
-        .expect("read /readyz");
-    answer
+    assert_eq!(ready.as_ref().map(|r| r.0), Some(200), "/readyz: {ready:?}");
 }
 
 /// JetStream stores a message's header block with a 16-bit length and refuses one over 65,535

@@ -4,49 +4,12 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::outbox::{assert_ledger, assert_unique, CliRelay, Env};
-use common::{pg_client, wait_until, PgCluster, PgOptions};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use common::outbox::{assert_ledger, assert_unique, cli, CliRelay, Env};
+use common::{free_addr, http_get, pg_client, wait_until, PgCluster, PgOptions};
 use uuid::Uuid;
-
-fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
-}
-
-/// A minimal HTTP/1.0 GET: (status code, body).
-async fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut buf = String::new();
-    tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut buf))
-        .await
-        .ok()?
-        .ok()?;
-    let code = buf.split_whitespace().nth(1)?.parse().ok()?;
-    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
-    Some((code, body))
-}
-
-fn cli(db: &str, args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-        .args(args)
-        .env("DATABASE_URL", db)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run outbox-relay");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 async fn ids_in_seq_order(env: &Env, aggregate_id: &str) -> Vec<Uuid> {
     env.client()
@@ -447,11 +410,11 @@ async fn relay_waits_for_a_broker_that_starts_later() {
         "readyz 503 naming the broker",
         Duration::from_secs(20),
         || async {
-            matches!(get(addr, "/readyz").await, Some((503, body)) if body.contains("\"broker\":false"))
+            matches!(http_get(addr, "/readyz").await, Some((503, body)) if body.contains("\"broker\":false"))
         },
     )
     .await;
-    assert_eq!(get(addr, "/healthz").await.map(|r| r.0), Some(200));
+    assert_eq!(http_get(addr, "/healthz").await.map(|r| r.0), Some(200));
     assert!(
         relay.try_wait().expect("wait").is_none(),
         "relay exited while waiting"
@@ -459,7 +422,7 @@ async fn relay_waits_for_a_broker_that_starts_later() {
     env.nats.start_again();
     env.wait_stream_len(20, Duration::from_secs(30)).await;
     wait_until("readyz 200", Duration::from_secs(20), || async {
-        matches!(get(addr, "/readyz").await, Some((200, _)))
+        matches!(http_get(addr, "/readyz").await, Some((200, _)))
     })
     .await;
     let _ = relay.kill();
@@ -516,11 +479,11 @@ async fn relay_waits_for_a_database_that_starts_later() {
         "readyz 503 naming the database",
         Duration::from_secs(20),
         || async {
-            matches!(get(addr, "/readyz").await, Some((503, body)) if body.contains("\"database\":false"))
+            matches!(http_get(addr, "/readyz").await, Some((503, body)) if body.contains("\"database\":false"))
         },
     )
     .await;
-    assert_eq!(get(addr, "/healthz").await.map(|r| r.0), Some(200));
+    assert_eq!(http_get(addr, "/healthz").await.map(|r| r.0), Some(200));
     assert!(relay.try_wait().expect("wait").is_none(), "relay exited");
     let pg = tokio::task::spawn_blocking(move || {
         pg.start_again();

@@ -3,34 +3,11 @@
 mod common;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::outbox::Env;
-use common::wait_until;
+use common::{free_addr, http_get, wait_until};
 use outbox_relay::{enqueue, NewEvent};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
-}
-
-/// A minimal HTTP/1.0 GET: (status code, body).
-async fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut buf = String::new();
-    tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut buf))
-        .await
-        .ok()?
-        .ok()?;
-    let code = buf.split_whitespace().nth(1)?.parse().ok()?;
-    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
-    Some((code, body))
-}
 
 /// Sample lines `name{labels} value` summed by metric name (labels dropped).
 fn samples(text: &str) -> HashMap<String, f64> {
@@ -86,7 +63,7 @@ async fn metrics_match_the_database_during_and_after_a_drain() {
         .await
         > 0
     {
-        if let Some((200, body)) = get(addr, "/metrics").await {
+        if let Some((200, body)) = http_get(addr, "/metrics").await {
             let published = samples(&body)
                 .get("outbox_events_published_total")
                 .copied()
@@ -105,7 +82,7 @@ async fn metrics_match_the_database_during_and_after_a_drain() {
         "gauges refreshed after the drain",
         Duration::from_secs(10),
         || async {
-            let Some((200, body)) = get(addr, "/metrics").await else {
+            let Some((200, body)) = http_get(addr, "/metrics").await else {
                 return false;
             };
             let s = samples(&body);
@@ -114,7 +91,7 @@ async fn metrics_match_the_database_during_and_after_a_drain() {
         },
     )
     .await;
-    let (_, body) = get(addr, "/metrics").await.expect("scrape");
+    let (_, body) = http_get(addr, "/metrics").await.expect("scrape");
     let s = samples(&body);
     let processed = env.count("processed_at IS NOT NULL").await as f64;
     assert_eq!(processed, 5_000.0);
@@ -147,7 +124,7 @@ async fn metrics_match_the_database_during_and_after_a_drain() {
     let before = sample_with(&body, "outbox_wakeups_total", "reason=\"notify\"");
     env.insert_sql(1, "n", "order.created").await;
     env.wait_stream_len(5_001, Duration::from_secs(10)).await;
-    let (_, body) = get(addr, "/metrics").await.expect("scrape");
+    let (_, body) = http_get(addr, "/metrics").await.expect("scrape");
     assert!(sample_with(&body, "outbox_wakeups_total", "reason=\"notify\"") > before);
     relay.stop().await;
 }
@@ -161,17 +138,17 @@ async fn readyz_follows_the_broker() {
     config.stats_interval = Duration::from_millis(100);
     let relay = env.spawn(config).await;
     wait_until("ready", Duration::from_secs(10), || async {
-        matches!(get(addr, "/readyz").await, Some((200, _)))
+        matches!(http_get(addr, "/readyz").await, Some((200, _)))
     })
     .await;
-    assert_eq!(get(addr, "/healthz").await.map(|r| r.0), Some(200));
+    assert_eq!(http_get(addr, "/healthz").await.map(|r| r.0), Some(200));
 
     env.nats.kill();
     wait_until(
         "not ready while NATS is down",
         Duration::from_secs(15),
         || async {
-            match get(addr, "/readyz").await {
+            match http_get(addr, "/readyz").await {
                 Some((503, body)) => {
                     let v: serde_json::Value = serde_json::from_str(&body).expect("json reason");
                     v["broker"] == false && v["database"] == true
@@ -182,14 +159,14 @@ async fn readyz_follows_the_broker() {
     )
     .await;
     assert_eq!(
-        get(addr, "/healthz").await.map(|r| r.0),
+        http_get(addr, "/healthz").await.map(|r| r.0),
         Some(200),
         "alive all the same"
     );
 
     env.nats.start_again();
     wait_until("ready again", Duration::from_secs(30), || async {
-        matches!(get(addr, "/readyz").await, Some((200, _)))
+        matches!(http_get(addr, "/readyz").await, Some((200, _)))
     })
     .await;
     relay.stop().await;

@@ -2,27 +2,12 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
 use async_nats::jetstream::stream;
-use common::outbox::{Env, STREAM};
+use common::outbox::{cli, Env, STREAM};
 use common::wait_until;
 use serde_json::Value;
-
-fn cli(env: &Env, args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-        .args(args)
-        .env("DATABASE_URL", &env.db)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run outbox-relay");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 async fn narrow_stream(env: &Env, subjects: &[&str]) {
     let js = env.js().await;
@@ -108,14 +93,14 @@ async fn poison_is_dead_lettered_others_flow_and_the_cli_recovers_it() {
     assert_eq!(env.stream_len().await, 50);
 
     // Operator view.
-    let (code, out, _) = cli(&env, &["status", "--json"]);
+    let (code, out, _) = cli(&env.db, &["status", "--json"]);
     assert_eq!(code, Some(0));
     let status: Value = serde_json::from_str(&out).expect("status json");
     assert_eq!(status["dead_letters"], 2);
     assert_eq!(status["blocked_aggregates"], 2);
     assert_eq!(status["pending"], 2);
     let (code, out, _) = cli(
-        &env,
+        &env.db,
         &[
             "dead-letters",
             "list",
@@ -132,19 +117,19 @@ async fn poison_is_dead_lettered_others_flow_and_the_cli_recovers_it() {
     // Unknown ids: a clear error, nothing changed.
     let unknown = uuid::Uuid::new_v4().to_string();
     let (code, _, err) = cli(
-        &env,
+        &env.db,
         &["dead-letters", "retry", &poison_a.to_string(), &unknown],
     );
     assert_eq!(code, Some(2));
     assert!(err.contains(&unknown), "{err}");
     assert_eq!(env.count("dead_lettered_at IS NOT NULL").await, 2);
-    let (code, _, err) = cli(&env, &["dead-letters", "retry", "not-a-uuid"]);
+    let (code, _, err) = cli(&env.db, &["dead-letters", "retry", "not-a-uuid"]);
     assert_eq!(code, Some(2));
     assert!(err.contains("not-a-uuid"), "{err}");
 
     // Fix the stream, retry A: it and the event behind it are delivered, in order.
     narrow_stream(&env, &["outbox.>"]).await;
-    let (code, out, err) = cli(&env, &["dead-letters", "retry", &poison_a.to_string()]);
+    let (code, out, err) = cli(&env.db, &["dead-letters", "retry", &poison_a.to_string()]);
     assert_eq!(code, Some(0), "{out}{err}");
     env.wait_stream_len(52, Duration::from_secs(10)).await;
     let stored = env.stored().await;
@@ -152,7 +137,7 @@ async fn poison_is_dead_lettered_others_flow_and_the_cli_recovers_it() {
     assert_eq!(tail, vec![poison_a, after_a]);
 
     // Discard B: the audit row stays, its aggregate is released.
-    let (code, _, _) = cli(&env, &["dead-letters", "discard", &poison_b.to_string()]);
+    let (code, _, _) = cli(&env.db, &["dead-letters", "discard", &poison_b.to_string()]);
     assert_eq!(code, Some(0));
     env.wait_stream_len(53, Duration::from_secs(10)).await;
     let stored = env.stored().await;
@@ -233,7 +218,7 @@ async fn failed_rows_wait_for_their_retry_time() {
     insert(&env, "other", "order.created").await;
     env.wait_stream_len(1, Duration::from_secs(10)).await;
     assert_eq!(env.count("attempts = 1").await, 1);
-    let (code, out, _) = cli(&env, &["status", "--json"]);
+    let (code, out, _) = cli(&env.db, &["status", "--json"]);
     assert_eq!(code, Some(0));
     let status: Value = serde_json::from_str(&out).expect("json");
     assert_eq!(status["waiting_for_retry"], 1);
@@ -257,13 +242,13 @@ async fn cleanup_deletes_only_old_processed_rows() {
         .await
         .expect("seed");
     let (code, out, err) = cli(
-        &env,
+        &env.db,
         &["cleanup", "--older-than", "7d", "--batch-size", "1000"],
     );
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("deleted 2500"), "{out}");
     assert_eq!(env.count("true").await, 20);
-    let (code, _, err) = cli(&env, &["cleanup", "--older-than", "soon"]);
+    let (code, _, err) = cli(&env.db, &["cleanup", "--older-than", "soon"]);
     assert_eq!(code, Some(2));
     assert!(err.contains("--older-than"), "{err}");
 }

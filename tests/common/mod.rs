@@ -67,3 +67,26 @@ pub async fn pg_client(url: &str) -> tokio_postgres::Client {
     });
     client
 }
+
+/// A free 127.0.0.1 address (for `--metrics-addr`).
+pub fn free_addr() -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
+}
+
+/// A minimal HTTP/1.0 GET (bounded to 5 s): (status code, body).
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut buf = String::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    let code = buf.split_whitespace().nth(1)?.parse().ok()?;
+    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+    Some((code, body))
+}

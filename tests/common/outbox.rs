@@ -385,3 +385,19 @@ impl Drop for ChildGuard {
         let _ = self.0.wait();
     }
 }
+
+/// Runs an operator command of the CLI against `db` (bounded by the command itself): exit code,
+/// stdout, stderr.
+pub fn cli(db: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(args)
+        .env("DATABASE_URL", db)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run outbox-relay");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
