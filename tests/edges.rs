@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use common::outbox::{assert_ledger, assert_unique, cli, CliRelay, Env};
@@ -395,17 +395,8 @@ async fn relay_waits_for_a_broker_that_starts_later() {
     env.insert_sql(20, "A", "order.created").await;
     env.nats.kill();
     let addr = free_addr();
-    let mut relay = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-        .args(["run", "--fallback-interval", "60s", "--metrics-addr"])
-        .arg(addr.to_string())
-        .env("DATABASE_URL", &env.db)
-        .env("NATS_URL", env.nats.url())
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn");
+    let addr_arg = addr.to_string();
+    let mut relay = CliRelay::spawn_serving(&env, &["--metrics-addr", &addr_arg]);
     wait_until(
         "readyz 503 naming the broker",
         Duration::from_secs(20),
@@ -416,7 +407,7 @@ async fn relay_waits_for_a_broker_that_starts_later() {
     .await;
     assert_eq!(http_get(addr, "/healthz").await.map(|r| r.0), Some(200));
     assert!(
-        relay.try_wait().expect("wait").is_none(),
+        relay.child.try_wait().expect("wait").is_none(),
         "relay exited while waiting"
     );
     env.nats.start_again();
@@ -425,8 +416,7 @@ async fn relay_waits_for_a_broker_that_starts_later() {
         matches!(http_get(addr, "/readyz").await, Some((200, _)))
     })
     .await;
-    let _ = relay.kill();
-    let _ = relay.wait();
+    relay.kill();
 }
 
 /// Item 7: PostgreSQL down when the relay starts (with --create-stream and no stream yet): it
@@ -458,23 +448,9 @@ async fn relay_waits_for_a_database_that_starts_later() {
     .await
     .expect("stop");
     let addr = free_addr();
-    let mut relay = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-        .args([
-            "run",
-            "--create-stream",
-            "--fallback-interval",
-            "60s",
-            "--metrics-addr",
-        ])
-        .arg(addr.to_string())
-        .env("DATABASE_URL", &env.db)
-        .env("NATS_URL", env.nats.url())
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn");
+    let addr_arg = addr.to_string();
+    let mut relay =
+        CliRelay::spawn_serving(&env, &["--create-stream", "--metrics-addr", &addr_arg]);
     wait_until(
         "readyz 503 naming the database",
         Duration::from_secs(20),
@@ -484,7 +460,10 @@ async fn relay_waits_for_a_database_that_starts_later() {
     )
     .await;
     assert_eq!(http_get(addr, "/healthz").await.map(|r| r.0), Some(200));
-    assert!(relay.try_wait().expect("wait").is_none(), "relay exited");
+    assert!(
+        relay.child.try_wait().expect("wait").is_none(),
+        "relay exited"
+    );
     let pg = tokio::task::spawn_blocking(move || {
         pg.start_again();
         pg
@@ -499,8 +478,7 @@ async fn relay_waits_for_a_database_that_starts_later() {
     )
     .await;
     env.wait_stream_len(10, Duration::from_secs(30)).await;
-    let _ = relay.kill();
-    let _ = relay.wait();
+    relay.kill();
     drop(pg);
 }
 

@@ -247,10 +247,18 @@ pub struct CliRelay {
 }
 
 impl CliRelay {
+    /// `run --metrics-addr off --fallback-interval 60s` plus `extra`.
     pub fn spawn(env: &Env, extra: &[&str]) -> CliRelay {
+        let mut args = vec!["--metrics-addr", "off"];
+        args.extend_from_slice(extra);
+        Self::spawn_serving(env, &args)
+    }
+
+    /// `run --fallback-interval 60s` plus `args` (which must set `--metrics-addr`).
+    pub fn spawn_serving(env: &Env, args: &[&str]) -> CliRelay {
         let child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-            .args(["run", "--metrics-addr", "off", "--fallback-interval", "60s"])
-            .args(extra)
+            .args(["run", "--fallback-interval", "60s"])
+            .args(args)
             .env("DATABASE_URL", &env.db)
             .env("NATS_URL", env.nats.url())
             .env("RUST_LOG", "warn")
