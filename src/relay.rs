@@ -171,9 +171,8 @@ impl Relay {
                 }
             }
             let delay = backoff.next_backoff().unwrap_or(Duration::from_secs(5));
-            tokio::select! {
-                _ = shutdown.cancelled() => return Ok(None),
-                _ = tokio::time::sleep(delay) => {}
+            if !pause(shutdown, delay).await {
+                return Ok(None);
             }
         }
     }
@@ -298,41 +297,37 @@ impl Processor<'_> {
                 };
                 backlog = matches!(result, Ok(r) if r.full);
                 match result {
-                    Ok(report) if report.broker_failures > 0 => {
-                        // Some went through, some met the broker's trouble (their rows are back,
-                        // no attempt spent): give the broker a moment before the next batch.
-                        let delay = trouble.next_backoff().unwrap_or(Duration::from_secs(10));
-                        tracing::warn!(
-                            published = report.published,
-                            broker_failures = report.broker_failures,
-                            retry_in_ms = delay.as_millis() as u64,
-                            "broker trouble during a batch; backing off"
-                        );
-                        tokio::select! {
-                            _ = shutdown.cancelled() => return Ok(()),
-                            _ = tokio::time::sleep(delay) => {}
-                        }
-                        wake_reason = "backlog";
-                    }
                     Ok(report) => {
-                        trouble.reset();
-                        self.metrics.broker_connected.set(1);
                         if let Some(d) = report.next_retry {
                             let at = Instant::now() + d;
                             next_retry = Some(next_retry.map_or(at, |n| n.min(at)));
                         }
+                        wake_reason = "backlog";
+                        if report.broker_failures > 0 {
+                            // Some went through, some met the broker's trouble (their rows are
+                            // back, no attempt spent): give the broker a moment.
+                            let delay = trouble.next_backoff().unwrap_or(Duration::from_secs(10));
+                            tracing::warn!(
+                                published = report.published,
+                                broker_failures = report.broker_failures,
+                                retry_in_ms = delay.as_millis() as u64,
+                                "broker trouble during a batch; backing off"
+                            );
+                            if !pause(shutdown, delay).await {
+                                return Ok(());
+                            }
+                            continue;
+                        }
+                        trouble.reset();
+                        self.metrics.broker_connected.set(1);
                         if report.claimed == 0 {
                             break; // idle: arm and wait
                         }
-                        wake_reason = "backlog";
-                        if !report.full {
-                            // Rows are still arriving. Poll again shortly instead of arming:
-                            // arming makes every writer notify (and serialise its commit) until
-                            // the relay wakes, which under steady load would be most of the time.
-                            tokio::select! {
-                                _ = shutdown.cancelled() => return Ok(()),
-                                _ = tokio::time::sleep(LINGER) => {}
-                            }
+                        // Rows are still arriving. Poll again shortly instead of arming: arming
+                        // makes every writer notify (and serialise its commit) until the relay
+                        // wakes, which under steady load would be most of the time.
+                        if !report.full && !pause(shutdown, LINGER).await {
+                            return Ok(());
                         }
                     }
                     Err(e) => {
@@ -343,9 +338,8 @@ impl Processor<'_> {
                             self.stores.iter_mut().for_each(Store::reset);
                         }
                         tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "batch failed; backing off");
-                        tokio::select! {
-                            _ = shutdown.cancelled() => return Ok(()),
-                            _ = tokio::time::sleep(delay) => {}
+                        if !pause(shutdown, delay).await {
+                            return Ok(());
                         }
                         wake_reason = "backlog";
                     }
@@ -375,6 +369,14 @@ impl Processor<'_> {
                 }
             }
         }
+    }
+}
+
+/// Sleeps `delay` unless shutdown comes first (then false).
+async fn pause(shutdown: &CancellationToken, delay: Duration) -> bool {
+    tokio::select! {
+        _ = shutdown.cancelled() => false,
+        _ = tokio::time::sleep(delay) => true,
     }
 }
 
