@@ -392,29 +392,42 @@ impl Publisher {
                 let code = std::error::Error::source(e)
                     .and_then(|s| s.downcast_ref::<jetstream::Error>())
                     .map(jetstream::Error::error_code);
-                match code.map(|c| c.0) {
-                    // The stream's maximum message size; headers over JetStream's 64 KiB.
-                    Some(10054) | Some(10097) => Failure::new(
-                        FailureKind::TooLarge,
-                        format!(
-                            "message too large for the stream (payload {} bytes): {e}",
-                            event.payload.len()
-                        ),
-                    ),
-                    Some(10059) => Failure::new(
+                use jetstream::ErrorCode as C;
+                match code {
+                    Some(C::STREAM_MESSAGE_EXCEEDS_MAXIMUM | C::STREAM_HEADER_EXCEEDS_MAXIMUM) => {
+                        Failure::new(
+                            FailureKind::TooLarge,
+                            format!(
+                                "message too large for the stream (payload {} bytes): {e}",
+                                event.payload.len()
+                            ),
+                        )
+                    }
+                    Some(C::STREAM_NOT_FOUND) => Failure::new(
                         FailureKind::Rejected,
                         format!(
                             "no JetStream stream listens on subject {}",
                             self.subject(event)
                         ),
                     ),
-                    // Resources or storage exceeded (10002, 10023, 10028, 10047), the store
-                    // refusing a write, e.g. a full stream with discard new (10077), the cluster
-                    // incomplete, without peers, inactive or without a leader (10004-10010),
-                    // "no responders": the broker's trouble.
-                    Some(10002 | 10023 | 10028 | 10047 | 10077 | 10004..=10010) | None => {
-                        Failure::new(FailureKind::Broker, e.to_string())
-                    }
+                    // Resources or storage exceeded, the store refusing a write (e.g. a full
+                    // stream with discard new), the cluster incomplete, without peers, inactive or
+                    // without a leader, or no JetStream answer at all: the broker's trouble.
+                    Some(
+                        C::ACCOUNT_RESOURCES_EXCEEDED
+                        | C::INSUFFICIENT_RESOURCES
+                        | C::MEMORY_RESOURCES_EXCEEDED
+                        | C::STORAGE_RESOURCES_EXCEEDED
+                        | C::STREAM_STORE_FAILED
+                        | C::CLUSTER_INCOMPLETE
+                        | C::CLUSTER_NO_PEERS
+                        | C::CLUSTER_NOT_ACTIVE
+                        | C::CLUSTER_NOT_ASSIGNED
+                        | C::CLUSTER_NOT_AVAILABLE
+                        | C::CLUSTER_NOT_LEADER
+                        | C::CLUSTER_REQUIRED,
+                    )
+                    | None => Failure::new(FailureKind::Broker, e.to_string()),
                     // Any other answer of JetStream's about this message: the event's, so that a
                     // message it keeps refusing is dead-lettered after --max-attempts instead of
                     // holding its aggregate for ever.
