@@ -90,6 +90,12 @@ pub fn validate_schema(schema: &str) -> Result<()> {
     }
 }
 
+/// `SET LOCAL search_path` to `schema` (a name [`validate_schema`] accepted): how every pooled
+/// connection applies `--schema`, one transaction at a time.
+pub(crate) fn set_local_search_path(schema: &str) -> String {
+    format!("SET LOCAL search_path TO \"{schema}\"")
+}
+
 /// The URL with `search_path` set to `schema`, so that every statement of every connection made
 /// from it finds the outbox objects there. The result is a key=value string holding every parameter
 /// of `url`.

@@ -137,7 +137,8 @@ pub fn script(schema: Option<&str>) -> String {
     let mut out = String::from("-- outbox-relay schema; apply in one transaction.\nBEGIN;\n");
     if let Some(schema) = schema {
         out.push_str(&format!(
-            "CREATE SCHEMA IF NOT EXISTS \"{schema}\";\nSET LOCAL search_path TO \"{schema}\";\n"
+            "CREATE SCHEMA IF NOT EXISTS \"{schema}\";\n{};\n",
+            crate::db::set_local_search_path(schema)
         ));
     }
     out.push_str(PREPARE);

@@ -61,9 +61,19 @@ pub async fn transaction_in<'a>(
     }
     let tx = client.transaction().await?;
     if let Some(schema) = schema {
-        tx.batch_execute(&format!("SET LOCAL search_path TO \"{schema}\""))
+        tx.batch_execute(&crate::db::set_local_search_path(schema))
             .await?;
     }
+    Ok(tx)
+}
+
+/// [`transaction_in`], after checking in it that the schema is there and current.
+pub async fn checked_transaction_in<'a>(
+    client: &'a mut Client,
+    schema: Option<&str>,
+) -> Result<Transaction<'a>> {
+    let tx = transaction_in(client, schema).await?;
+    check_schema(&tx).await?;
     Ok(tx)
 }
 
@@ -125,8 +135,7 @@ pub async fn blocked_aggregates_in(
     schema: Option<&str>,
     limit: i64,
 ) -> Result<Vec<BlockedAggregate>> {
-    let tx = transaction_in(client, schema).await?;
-    check_schema(&tx).await?;
+    let tx = checked_transaction_in(client, schema).await?;
     let rows = blocked_aggregates(&tx, limit).await?;
     tx.commit().await?;
     Ok(rows)
@@ -180,8 +189,7 @@ pub async fn dead_letters<C: GenericClient + Sync>(
 /// [`status`] of the outbox in `schema` (`None`: the connection's search_path), in a transaction
 /// of its own after checking the schema version (see the module documentation).
 pub async fn status_in(client: &mut Client, schema: Option<&str>) -> Result<Status> {
-    let tx = transaction_in(client, schema).await?;
-    check_schema(&tx).await?;
+    let tx = checked_transaction_in(client, schema).await?;
     let status = status(&tx).await?;
     tx.commit().await?;
     Ok(status)
@@ -195,8 +203,7 @@ pub async fn dead_letters_in(
     limit: i64,
     event_type: Option<&str>,
 ) -> Result<Vec<DeadLetter>> {
-    let tx = transaction_in(client, schema).await?;
-    check_schema(&tx).await?;
+    let tx = checked_transaction_in(client, schema).await?;
     let rows = dead_letters(&tx, limit, event_type).await?;
     tx.commit().await?;
     Ok(rows)
@@ -219,8 +226,7 @@ pub async fn retry_dead_letters_in(
     schema: Option<&str>,
     ids: Option<&[Uuid]>,
 ) -> Result<Vec<Uuid>> {
-    let tx = transaction_in(client, schema).await?;
-    check_schema(&tx).await?;
+    let tx = checked_transaction_in(client, schema).await?;
     change_dead_letters(tx, DEAD_LETTERS_RETRY, ids).await
 }
 
@@ -241,8 +247,7 @@ pub async fn discard_dead_letters_in(
     schema: Option<&str>,
     ids: &[Uuid],
 ) -> Result<Vec<Uuid>> {
-    let tx = transaction_in(client, schema).await?;
-    check_schema(&tx).await?;
+    let tx = checked_transaction_in(client, schema).await?;
     change_dead_letters(tx, DEAD_LETTERS_DISCARD, Some(ids)).await
 }
 

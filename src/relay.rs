@@ -179,8 +179,8 @@ impl Relay {
 
     async fn check_database(&self) -> Result<()> {
         let mut client = crate::db::connect(&self.config.database_url, "outbox-relay").await?;
-        let tx = crate::ops::transaction_in(&mut client, self.config.schema.as_deref()).await?;
-        crate::migrate::check_schema(&tx).await?;
+        let tx =
+            crate::ops::checked_transaction_in(&mut client, self.config.schema.as_deref()).await?;
         tx.commit().await?;
         Ok(())
     }

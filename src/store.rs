@@ -116,7 +116,7 @@ pub(crate) struct Session {
 impl Session {
     pub fn new(schema: Option<&str>, prepare: bool) -> Session {
         // Plain lowercase identifiers only (`db::validate_schema`), quoted all the same.
-        let path = schema.map(|s| format!("SET LOCAL search_path TO \"{s}\";\n"));
+        let path = schema.map(|s| format!("{};\n", crate::db::set_local_search_path(s)));
         let begin = match &path {
             Some(path) => BEGIN_CLAIM.replacen("BEGIN;\n", &format!("BEGIN;\n{path}"), 1),
             None => BEGIN_CLAIM.to_string(),
