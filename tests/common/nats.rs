@@ -233,12 +233,7 @@ impl NatsServer {
 
     /// The last `lines` lines of the server log (plus its stdout/stderr).
     pub fn log_tail(&self, lines: usize) -> String {
-        let mut s = proc::log_tail(&self.log_path, lines);
-        let stdio = self.stdio_path();
-        if proc::file_len(&stdio) > 0 {
-            s.push_str(&proc::log_tail(&stdio, lines));
-        }
-        s
+        proc::server_log_tail(&self.log_path, &self.stdio_path(), lines)
     }
 
     fn stdio_path(&self) -> PathBuf {
@@ -253,11 +248,7 @@ impl NatsServer {
     /// SIGKILL and wait until the process is reaped and the port is free.
     /// No-op if not running.
     pub fn kill(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        proc::kill_and_reap(&mut child);
-        self.wait_port_free();
+        proc::kill_server(&mut self.child, self.port, "nats-server");
     }
 
     /// Graceful shutdown (SIGINT), bounded; no-op if not running.
@@ -285,12 +276,7 @@ impl NatsServer {
     }
 
     fn wait_port_free(&self) {
-        if !proc::wait_port_free(self.port, Duration::from_secs(10)) {
-            panic!(
-                "port {} still in use 10s after nats-server exited",
-                self.port
-            );
-        }
+        proc::expect_port_free(self.port, "nats-server");
     }
 
     /// Starts the server again with the same port, arguments and store dir

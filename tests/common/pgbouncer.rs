@@ -192,12 +192,7 @@ impl PgBouncer {
 
     /// The last `lines` lines of the log (plus stdout/stderr).
     pub fn log_tail(&self, lines: usize) -> String {
-        let mut s = proc::log_tail(&self.log_path, lines);
-        let stdio = self.stdio_path();
-        if proc::file_len(&stdio) > 0 {
-            s.push_str(&proc::log_tail(&stdio, lines));
-        }
-        s
+        proc::server_log_tail(&self.log_path, &self.stdio_path(), lines)
     }
 
     fn stdio_path(&self) -> PathBuf {
@@ -212,16 +207,7 @@ impl PgBouncer {
     /// SIGKILL (every client and server connection breaks) and wait until the port is free.
     /// No-op if not running.
     pub fn kill(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        proc::kill_and_reap(&mut child);
-        if !proc::wait_port_free(self.port, Duration::from_secs(10)) {
-            panic!(
-                "port {} still in use 10s after killing pgbouncer",
-                self.port
-            );
-        }
+        proc::kill_server(&mut self.child, self.port, "pgbouncer");
     }
 
     /// Starts pgbouncer again with the same port and ini and waits until it forwards queries.

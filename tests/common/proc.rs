@@ -326,3 +326,28 @@ pub(crate) fn log_tail(p: &Path, lines: usize) -> String {
         Err(e) => format!("(could not read {}: {e})", p.display()),
     }
 }
+
+/// The last `lines` lines of a server's log, plus those of its captured stdout/stderr if any.
+pub(crate) fn server_log_tail(log: &Path, stdio: &Path, lines: usize) -> String {
+    let mut s = log_tail(log, lines);
+    if file_len(stdio) > 0 {
+        s.push_str(&log_tail(stdio, lines));
+    }
+    s
+}
+
+/// SIGKILLs the server in `child` (if running), reaps it and waits until `port` is free.
+pub(crate) fn kill_server(child: &mut Option<Child>, port: u16, what: &str) {
+    let Some(mut child) = child.take() else {
+        return;
+    };
+    kill_and_reap(&mut child);
+    expect_port_free(port, what);
+}
+
+/// Panics unless `port` is free within 10 s of `what` exiting.
+pub(crate) fn expect_port_free(port: u16, what: &str) {
+    if !wait_port_free(port, Duration::from_secs(10)) {
+        panic!("port {port} still in use 10s after {what} exited");
+    }
+}
