@@ -5,7 +5,9 @@ mod common;
 use std::time::Duration;
 
 use async_nats::jetstream;
-use common::{pg_client, shared_pg, wait_until, NatsServer, PgBouncer, PgCluster, PgOptions};
+use common::{
+    pg_client, shared_pg, simple_value, wait_until, NatsServer, PgBouncer, PgCluster, PgOptions,
+};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -215,22 +217,6 @@ async fn nats_with_config_token_auth() {
     })
     .await
     .expect("jetstream with token");
-}
-
-/// The first value of a simple-protocol query (no prepared statement, so it works through a
-/// transaction pooler).
-async fn simple_value(client: &tokio_postgres::Client, sql: &str) -> String {
-    let messages = tokio::time::timeout(T, client.simple_query(sql))
-        .await
-        .unwrap_or_else(|_| panic!("{sql} timed out"))
-        .unwrap_or_else(|e| panic!("{sql} failed: {e}"));
-    messages
-        .iter()
-        .find_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
-            _ => None,
-        })
-        .unwrap_or_else(|| panic!("{sql} returned no row"))
 }
 
 #[tokio::test]

@@ -12,10 +12,9 @@ use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{pg_client, shared_pg, PgBouncer};
+use common::{pg_client, shared_pg, simple_value, PgBouncer};
 use outbox_relay::{enqueue, enqueue_many, process_once, NewEvent};
 use tokio_postgres::types::Type;
-use tokio_postgres::SimpleQueryMessage;
 use uuid::Uuid;
 
 const T: Duration = Duration::from_secs(30);
@@ -161,21 +160,6 @@ fn run_bounded(mut cmd: Command, what: &str) -> Output {
             panic!("{what} did not finish within {T:?}");
         }
     }
-}
-
-/// The first column of the first row of a simple-protocol query (works through the pooler).
-async fn simple_value(client: &tokio_postgres::Client, sql: &str) -> String {
-    let messages = tokio::time::timeout(T, client.simple_query(sql))
-        .await
-        .unwrap_or_else(|_| panic!("{sql} timed out"))
-        .unwrap_or_else(|e| panic!("{sql} failed: {e}"));
-    messages
-        .iter()
-        .find_map(|m| match m {
-            SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
-            _ => None,
-        })
-        .unwrap_or_else(|| panic!("{sql} returned no row"))
 }
 
 fn event(aggregate_id: &str, n: usize) -> NewEvent {
@@ -461,7 +445,7 @@ async fn operator_commands_and_writers_through_pgbouncer_with_a_schema() {
 /// pooled server connections.
 #[tokio::test]
 async fn two_relays_through_pgbouncer_with_a_schema() {
-    use common::outbox::{assert_ledger, Stored, Written};
+    use common::outbox::{assert_ledger, ledger, Stored, Written};
     let p = Pooled::new().await;
     p.cli_ok(&["migrate"]).await;
     let nats = common::NatsServer::start();
@@ -531,22 +515,7 @@ async fn two_relays_through_pgbouncer_with_a_schema() {
     })
     .await;
     let direct = pg_client(&p.direct).await;
-    let written: Vec<Written> = direct
-        .query(
-            &format!(
-                "SELECT id, seq, aggregate_type || '/' || aggregate_id FROM {SCHEMA}.outbox_events ORDER BY seq"
-            ),
-            &[],
-        )
-        .await
-        .expect("ledger")
-        .iter()
-        .map(|r| Written {
-            id: r.get(0),
-            seq: r.get(1),
-            aggregate: r.get(2),
-        })
-        .collect();
+    let written: Vec<Written> = ledger(&direct, &format!("{SCHEMA}.outbox_events")).await;
     assert_eq!(written.len(), total);
     let stored: Vec<Stored> = common::outbox::read_stream(&js, "OUTBOX").await;
     assert_ledger(&written, &stored);

@@ -90,3 +90,19 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<(u16, St
     let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
     Some((code, body))
 }
+
+/// The first column of the first row of a simple-protocol query (no prepared statement, so it
+/// works through a transaction pooler); panics after 30 s or without a row.
+pub async fn simple_value(client: &tokio_postgres::Client, sql: &str) -> String {
+    let messages = tokio::time::timeout(Duration::from_secs(30), client.simple_query(sql))
+        .await
+        .unwrap_or_else(|_| panic!("{sql} timed out"))
+        .unwrap_or_else(|e| panic!("{sql} failed: {e}"));
+    messages
+        .iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("{sql} returned no row"))
+}

@@ -312,21 +312,7 @@ pub struct Written {
 impl Env {
     /// Every row of the table (the ledger of what was written), in seq order.
     pub async fn written(&self) -> Vec<Written> {
-        let client = self.client().await;
-        client
-            .query(
-                "SELECT id, seq, aggregate_type || '/' || aggregate_id FROM outbox_events ORDER BY seq",
-                &[],
-            )
-            .await
-            .expect("ledger")
-            .iter()
-            .map(|r| Written {
-                id: r.get(0),
-                seq: r.get(1),
-                aggregate: r.get(2),
-            })
-            .collect()
+        ledger(&self.client().await, "outbox_events").await
     }
 }
 
@@ -408,4 +394,24 @@ pub fn cli(db: &str, args: &[&str]) -> (Option<i32>, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// Every row of `table` (an outbox table, schema-qualified or not), in seq order.
+pub async fn ledger(client: &tokio_postgres::Client, table: &str) -> Vec<Written> {
+    client
+        .query(
+            &format!(
+                "SELECT id, seq, aggregate_type || '/' || aggregate_id FROM {table} ORDER BY seq"
+            ),
+            &[],
+        )
+        .await
+        .expect("ledger")
+        .iter()
+        .map(|r| Written {
+            id: r.get(0),
+            seq: r.get(1),
+            aggregate: r.get(2),
+        })
+        .collect()
 }
