@@ -328,16 +328,15 @@ impl Store {
 
     /// Wakes the other relays of this outbox (a stopping relay hands its backlog over). Best
     /// effort, bounded: the others poll on their fallback interval anyway.
-    pub async fn wake_others(&mut self) {
-        let Some((client, _)) = self.conn.as_ref().filter(|(c, _)| !c.is_closed()) else {
-            return;
+    pub async fn wake_others(&self) {
+        // The worker connection may be gone or inside a failed batch's transaction (a stop right
+        // after an error is when the others are needed most): a connection of its own.
+        let wake = async {
+            let client = crate::db::connect(&self.url, "outbox-relay").await?;
+            client.batch_execute(&self.session.batch(WAKE)).await?;
+            Ok::<_, crate::error::Error>(())
         };
-        if self.in_tx {
-            return;
-        }
-        let wake = self.session.batch(WAKE);
-        let wake = tokio::time::timeout(Duration::from_secs(2), client.batch_execute(&wake));
-        match wake.await {
+        match tokio::time::timeout(Duration::from_secs(2), wake).await {
             Ok(Ok(())) => tracing::debug!("woke the other relays"),
             Ok(Err(e)) => tracing::warn!(error = %e, "could not wake the other relays"),
             Err(_) => tracing::warn!("waking the other relays timed out"),
