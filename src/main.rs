@@ -133,8 +133,11 @@ async fn execute(cli: Cli) -> Result<(), Error> {
         Command::Run(args) => run(raw_database_url(&cli)?, cli.schema.clone(), args).await,
         Command::Status { json, limit } => {
             let (mut client, schema) = connect(&cli).await?;
-            let s = ops::status_in(&mut client, schema).await?;
-            let blocked = ops::blocked_aggregates_in(&mut client, schema, *limit).await?;
+            // One transaction (one schema check) for the counts and the list.
+            let tx = ops::checked_transaction_in(&mut client, schema).await?;
+            let s = ops::status(&tx).await?;
+            let blocked = ops::blocked_aggregates(&tx, *limit).await?;
+            tx.commit().await?;
             if *json {
                 #[derive(serde::Serialize)]
                 struct Report<'a> {

@@ -128,19 +128,6 @@ pub async fn blocked_aggregates<C: GenericClient + Sync>(
         .collect()
 }
 
-/// [`blocked_aggregates`] of the outbox in `schema`, in a transaction of its own after checking
-/// the schema version (see the module documentation).
-pub async fn blocked_aggregates_in(
-    client: &mut Client,
-    schema: Option<&str>,
-    limit: i64,
-) -> Result<Vec<BlockedAggregate>> {
-    let tx = checked_transaction_in(client, schema).await?;
-    let rows = blocked_aggregates(&tx, limit).await?;
-    tx.commit().await?;
-    Ok(rows)
-}
-
 /// One row of `outbox_dead_letters`.
 #[derive(Debug, Clone, Serialize)]
 pub struct DeadLetter {
