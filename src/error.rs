@@ -71,6 +71,15 @@ impl Error {
         }
     }
 
+    /// A named prepared statement was missing or taken on the server connection: a transaction
+    /// pooler (PgBouncer before 1.21) handed the session's statements to another client.
+    pub fn is_prepared_statement_lost(&self) -> bool {
+        use tokio_postgres::error::SqlState;
+        matches!(self, Error::Database(e) if e.code().is_some_and(|c| {
+            *c == SqlState::INVALID_SQL_STATEMENT_NAME || *c == SqlState::DUPLICATE_PSTATEMENT
+        }))
+    }
+
     /// The error is the caller's fault (bad input); a CLI reports it as a usage error.
     pub fn is_usage(&self) -> bool {
         matches!(self, Error::Config { .. } | Error::InvalidEvent(_))

@@ -335,7 +335,14 @@ impl Processor<'_> {
                         if matches!(e, Error::BrokerUnavailable(_)) {
                             self.metrics.broker_connected.set(0);
                         } else {
-                            self.stores.iter_mut().for_each(Store::reset);
+                            if e.is_prepared_statement_lost() {
+                                // Behind a transaction pooler that keeps no prepared statements
+                                // (--prepared-statements true by mistake): unnamed from now on.
+                                tracing::warn!("prepared statements do not survive between transactions on this connection (a transaction pooler?): sending them unnamed; set --prepared-statements false");
+                                self.stores.iter_mut().for_each(Store::stop_preparing);
+                            } else {
+                                self.stores.iter_mut().for_each(Store::reset);
+                            }
                         }
                         tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "batch failed; backing off");
                         if !pause(shutdown, delay).await {

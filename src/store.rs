@@ -194,6 +194,12 @@ impl Store {
         }
     }
 
+    /// From now on sends statements unnamed (see [`crate::error::Error::is_prepared_statement_lost`]).
+    pub fn stop_preparing(&mut self) {
+        self.session.prepare = false;
+        self.reset();
+    }
+
     /// Drops the connection after an error that may have broken it; the next claim reconnects.
     pub fn reset(&mut self) {
         self.conn = None;

@@ -477,14 +477,16 @@ async fn two_relays_through_pgbouncer_with_a_schema() {
     };
     writer(0..20, 10).await;
 
-    let relay = |name: &str| {
+    // One relay as documented (`--prepared-statements false`), one left at the default: it finds
+    // its prepared statements gone on the next server connection and falls back to unnamed ones.
+    let relay = |name: &str, prepared: &str| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
         cmd.args([
             "run",
             "--schema",
             SCHEMA,
             "--prepared-statements",
-            "false",
+            prepared,
             "--batch-size",
             "50",
             "--fallback-interval",
@@ -505,7 +507,7 @@ async fn two_relays_through_pgbouncer_with_a_schema() {
         .stderr(Stdio::inherit());
         common::outbox::ChildGuard(cmd.spawn().expect("spawn the relay"))
     };
-    let relays = [relay("relay-a"), relay("relay-b")];
+    let relays = [relay("relay-a", "false"), relay("relay-b", "true")];
     // A live stream on top, from two writers at once.
     tokio::join!(writer(20..30, 20), writer(30..40, 20));
 
