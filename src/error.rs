@@ -98,8 +98,10 @@ pub(crate) fn heals_by_waiting(e: &Error) -> bool {
             match e.code() {
                 // The database may not be created yet; everything else of the server's own
                 // (authentication, permissions) is for the operator.
+                // Class 53 (too many connections, out of memory or disk) passes too.
                 Some(code) => {
                     *code == tokio_postgres::error::SqlState::INVALID_CATALOG_NAME
+                        || code.code().starts_with("53")
                         || is_transient_db_error(e)
                 }
                 None => true,
