@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
+pub use crate::db::{validate_schema, with_schema};
+
 /// Whether the relay keeps the events of one aggregate in `seq` order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Ordering {
@@ -235,19 +237,26 @@ impl RelayConfig {
         )
     }
 
-    /// The LISTEN connection's URL with the schema applied to the session (see
-    /// [`crate::db::with_schema`]): that connection is never pooled (LISTEN needs a session of its
-    /// own). The worker connection applies the schema per transaction instead, so that it works
-    /// through a transaction pooler, which refuses the `options` startup parameter.
-    pub(crate) fn resolved_listen_url(&self) -> Result<String> {
+    /// Validates once and resolves what the relay derives from the config (the user's value is
+    /// left as it was given).
+    pub(crate) fn resolve(self) -> Result<Settings> {
+        self.validate()?;
         let listen = self
             .listen_database_url
-            .clone()
-            .unwrap_or_else(|| self.database_url.clone());
-        match &self.schema {
-            Some(schema) => crate::db::with_schema_for(&listen, schema, "listen_database_url"),
-            None => Ok(listen),
-        }
+            .as_deref()
+            .unwrap_or(&self.database_url);
+        // The LISTEN connection is never pooled (LISTEN needs a session of its own), so it takes
+        // the schema in its session (see [`crate::db::with_schema`]). The worker connections apply
+        // it per transaction instead, so that they work through a transaction pooler, which
+        // refuses the `options` startup parameter.
+        let listen_url = match &self.schema {
+            Some(schema) => crate::db::with_schema_for(listen, schema, "listen_database_url")?,
+            None => listen.to_string(),
+        };
+        Ok(Settings {
+            config: self,
+            listen_url,
+        })
     }
 
     /// Longest gap between two publishes of one row: JetStream deduplicates only inside the
@@ -255,6 +264,13 @@ impl RelayConfig {
     pub fn longest_redelivery_gap(&self) -> Duration {
         self.retry_max + self.publish_timeout
     }
+}
+
+/// A validated [`RelayConfig`] and what the relay derives from it.
+pub(crate) struct Settings {
+    pub config: RelayConfig,
+    /// The LISTEN connection's URL: `listen_database_url` or `database_url`, with the schema.
+    pub listen_url: String,
 }
 
 /// Written by hand so that an application logging its config never prints a password: database
@@ -358,6 +374,11 @@ fn redacted_nats_url(urls: &str) -> String {
 mod tests {
     use super::*;
 
+    fn field_of<T: std::fmt::Debug>(r: Result<T>) -> Option<&'static str> {
+        r.err()
+            .and_then(|e| e.config_field().map(|(field, _)| field))
+    }
+
     #[test]
     fn defaults_validate_once_a_url_is_set() {
         assert!(RelayConfig::default().validate().is_err());
@@ -370,31 +391,13 @@ mod tests {
     fn errors_name_the_field() {
         let mut c = RelayConfig::new("postgres://localhost/db");
         c.batch_size = 0;
-        assert!(matches!(
-            c.validate(),
-            Err(Error::Config {
-                field: "batch_size",
-                ..
-            })
-        ));
+        assert_eq!(field_of(c.validate()), Some("batch_size"));
         let mut c = RelayConfig::new("postgres://localhost/db");
         c.subject_prefix = "a.*".into();
-        assert!(matches!(
-            c.validate(),
-            Err(Error::Config {
-                field: "subject_prefix",
-                ..
-            })
-        ));
+        assert_eq!(field_of(c.validate()), Some("subject_prefix"));
         let mut c = RelayConfig::new("postgres://localhost/db");
         c.stream = "has.dot".into();
-        assert!(matches!(
-            c.validate(),
-            Err(Error::Config {
-                field: "stream",
-                ..
-            })
-        ));
+        assert_eq!(field_of(c.validate()), Some("stream"));
     }
 
     const SECRET: &str = "s3cret-Pa55";
@@ -453,21 +456,9 @@ mod tests {
     #[test]
     fn tls_parameters_are_checked_with_the_field_named() {
         let mut c = RelayConfig::new("host=db sslmode = verify-everything");
-        assert!(matches!(
-            c.validate(),
-            Err(Error::Config {
-                field: "database_url",
-                ..
-            })
-        ));
+        assert_eq!(field_of(c.validate()), Some("database_url"));
         c.database_url = "host=db".into();
         c.listen_database_url = Some("host=db sslrootcert=system sslmode=require".into());
-        assert!(matches!(
-            c.validate(),
-            Err(Error::Config {
-                field: "listen_database_url",
-                ..
-            })
-        ));
+        assert_eq!(field_of(c.validate()), Some("listen_database_url"));
     }
 }

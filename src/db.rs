@@ -216,6 +216,11 @@ fn starts_parameter(text: &str) -> bool {
 mod tests {
     use super::*;
 
+    fn field_of<T: std::fmt::Debug>(r: Result<T>) -> Option<&'static str> {
+        r.err()
+            .and_then(|e| e.config_field().map(|(field, _)| field))
+    }
+
     #[test]
     fn passwords_are_redacted() {
         assert_eq!(
@@ -290,20 +295,15 @@ mod tests {
             "host=h options = '-c x=y'",
             "postgres://h/db?options=-c%20x%3Dy",
         ] {
-            assert!(matches!(
-                with_schema(taken, "app"),
-                Err(Error::Config {
-                    field: "schema",
-                    ..
-                })
-            ));
+            assert_eq!(field_of(with_schema(taken, "app")), Some("schema"));
         }
-        assert!(matches!(
-            with_schema_for("host=h 's3cret", "app", "listen_database_url"),
-            Err(Error::Config {
-                field: "listen_database_url",
-                ..
-            })
-        ));
+        assert_eq!(
+            field_of(with_schema_for(
+                "host=h 's3cret",
+                "app",
+                "listen_database_url"
+            )),
+            Some("listen_database_url")
+        );
     }
 }

@@ -27,9 +27,10 @@
 mod background;
 pub mod config;
 pub mod consumer;
-pub mod db;
+mod db;
 pub mod error;
 pub mod event;
+mod health;
 mod http;
 mod listener;
 pub mod metrics;
@@ -37,18 +38,24 @@ pub mod migrate;
 pub mod ops;
 #[cfg(feature = "otel")]
 mod otel;
-pub mod publisher;
-pub mod relay;
+mod policy;
+mod publisher;
+mod relay;
+mod signals;
 #[cfg(feature = "sqlx")]
 pub mod sqlx;
 mod store;
-pub mod timestamp;
-pub mod tls;
+mod timestamp;
+mod tls;
+pub mod wire;
 pub mod writer;
 
 pub use config::{NotifyMode, Ordering, RelayConfig};
 pub use consumer::process_once;
-pub use error::{Error, Result};
+pub use db::{connect, redact};
+pub use error::{Error, ErrorKind, Result};
 pub use event::{NewEvent, OutboxEvent};
+pub use health::HealthReport;
 pub use relay::Relay;
+pub use timestamp::Timestamp;
 pub use writer::{enqueue, enqueue_many};

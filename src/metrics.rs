@@ -25,7 +25,8 @@ pub struct FailedLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
-    /// notify / fallback / backlog / reconnect / armed (the catch-up poll after arming)
+    /// notify / fallback / backlog / reconnect / armed (the catch-up poll after arming) / poll
+    /// (arming waits for a long writer transaction)
     pub reason: &'static str,
 }
 
@@ -120,7 +121,7 @@ impl Metrics {
         );
         registry.register(
             "outbox_wakeups",
-            "Wake-ups of the batch processor, by reason (notify, fallback, backlog, reconnect, armed)",
+            "Wake-ups of the batch processor, by reason (notify, fallback, backlog, reconnect, armed, poll)",
             m.wakeups.clone(),
         );
         registry.register(

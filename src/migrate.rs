@@ -164,6 +164,6 @@ pub async fn check_schema<C: GenericClient + Sync>(client: &C) -> Result<()> {
     let need = current_version();
     match found {
         Some(v) if v >= need => Ok(()),
-        found => Err(Error::SchemaMissing { found, need }),
+        found => Err(Error::schema_missing(found, need)),
     }
 }

@@ -259,7 +259,7 @@ async fn change_dead_letters(
             .collect();
         if !missing.is_empty() {
             tx.rollback().await?;
-            return Err(Error::NotFound(format!(
+            return Err(Error::not_found(format!(
                 "not a dead letter (unknown id, or already published or discarded): {}",
                 missing.join(", ")
             )));

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::outbox::{CliRelay, Env};
-use outbox_relay::{db, enqueue, NewEvent};
+use outbox_relay::{enqueue, NewEvent};
 
 fn role_url(db_url: &str, role: &str) -> String {
     db_url.replacen("postgres://postgres@", &format!("postgres://{role}@"), 1)
@@ -76,7 +76,8 @@ async fn relay_and_writer_under_least_privilege_roles_in_a_custom_schema() {
     };
 
     // The writer, as the writer role, in its own transaction.
-    let writer_url = db::with_schema(&role_url(&env.db, &writer), "app_events").expect("url");
+    let writer_url =
+        outbox_relay::config::with_schema(&role_url(&env.db, &writer), "app_events").expect("url");
     let mut w = common::pg_client(&writer_url).await;
     let tx = w.transaction().await.expect("tx");
     let id = enqueue(
@@ -103,7 +104,10 @@ async fn relay_and_writer_under_least_privilege_roles_in_a_custom_schema() {
         );
     }
     // The relay role cannot change the schema.
-    let r = common::pg_client(&db::with_schema(&relay_url, "app_events").expect("url")).await;
+    let r = common::pg_client(
+        &outbox_relay::config::with_schema(&relay_url, "app_events").expect("url"),
+    )
+    .await;
     assert!(r.batch_execute("DROP TABLE outbox_events").await.is_err());
     assert!(r
         .batch_execute("CREATE TABLE app_events.x (a int)")
@@ -129,8 +133,8 @@ async fn relay_and_writer_under_least_privilege_roles_in_a_custom_schema() {
 
 #[test]
 fn schema_names_are_checked() {
-    assert!(db::with_schema("postgres://h/db", "Bad-Name").is_err());
-    assert!(db::with_schema("postgres://h/db?options=-c%20x%3Dy", "ok").is_err());
+    assert!(outbox_relay::config::with_schema("postgres://h/db", "Bad-Name").is_err());
+    assert!(outbox_relay::config::with_schema("postgres://h/db?options=-c%20x%3Dy", "ok").is_err());
     let out = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
         .args(["migrate", "--print", "--schema", "x;drop"])
         .output()

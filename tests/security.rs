@@ -342,7 +342,7 @@ async fn passwords_with_quotes_and_spaces_reach_the_server_intact() {
         format!("postgres://app@127.0.0.1:{port}/{dbname}?password={encoded}"),
     ];
     for url in &good {
-        let client = outbox_relay::db::connect(url, "outbox-relay-test")
+        let client = outbox_relay::connect(url, "outbox-relay-test")
             .await
             .unwrap_or_else(|e| panic!("{url}: {e}"));
         let name: String = client
@@ -360,8 +360,8 @@ async fn passwords_with_quotes_and_spaces_reach_the_server_intact() {
     }
 
     // With --schema the options are added to the parsed parameters; the password still works.
-    let with_schema = outbox_relay::db::with_schema(&good[0], "public").expect("with_schema");
-    let client = outbox_relay::db::connect(&with_schema, "outbox-relay-test")
+    let with_schema = outbox_relay::config::with_schema(&good[0], "public").expect("with_schema");
+    let client = outbox_relay::connect(&with_schema, "outbox-relay-test")
         .await
         .expect("with_schema keeps the password");
     let search_path: String = client
@@ -375,7 +375,7 @@ async fn passwords_with_quotes_and_spaces_reach_the_server_intact() {
     let wrong = format!(
         "host=127.0.0.1 port={port} dbname={dbname} user=app password = 'not {SECRET} either'"
     );
-    let err = match outbox_relay::db::connect(&wrong, "outbox-relay-test").await {
+    let err = match outbox_relay::connect(&wrong, "outbox-relay-test").await {
         Ok(_) => panic!("a wrong password must fail"),
         Err(e) => e.to_string(),
     };

@@ -101,7 +101,7 @@ fn with_params(url: &str, params: &str) -> String {
 }
 
 async fn uses_tls(url: &str) -> outbox_relay::Result<bool> {
-    let client = outbox_relay::db::connect(url, "tls-test").await?;
+    let client = outbox_relay::connect(url, "tls-test").await?;
     Ok(client
         .query_one(
             "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
@@ -431,7 +431,7 @@ async fn client_certificates() {
             pg.port()
         ),
     ] {
-        let client = outbox_relay::db::connect(&url, "tls-test")
+        let client = outbox_relay::connect(&url, "tls-test")
             .await
             .unwrap_or_else(|e| panic!("{url}: {e}"));
         let dn: String = client
@@ -460,7 +460,7 @@ async fn client_certificates() {
             "UnknownCA",
         ),
     ] {
-        let err = match outbox_relay::db::connect(&url, "tls-test").await {
+        let err = match outbox_relay::connect(&url, "tls-test").await {
             Ok(_) => panic!("{url}: connected without a valid client certificate"),
             Err(e) => e.to_string(),
         };
