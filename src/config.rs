@@ -45,13 +45,17 @@ pub struct RelayConfig {
     /// PostgreSQL schema holding the outbox objects (`None`: the connection's search_path,
     /// normally `public`).
     pub schema: Option<String>,
+    /// NATS server URLs, comma-separated; credentials in the URL are taken out and sent in the options.
     pub nats_url: String,
     /// NATS credentials: a JWT + NKey `.creds` file, or an NKey seed file.
     pub nats_creds: Option<PathBuf>,
+    /// An NKey seed file (instead of `nats_creds`).
     pub nats_nkey: Option<PathBuf>,
     /// TLS towards NATS: extra root CA, and a client certificate and key.
     pub nats_tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for mutual TLS; needs `nats_tls_key`.
     pub nats_tls_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
     pub nats_tls_key: Option<PathBuf>,
     /// JetStream stream the events are published into; checked at start.
     pub stream: String,
@@ -76,8 +80,11 @@ pub struct RelayConfig {
     pub publish_timeout: Duration,
     /// First retry delay of a failed row; doubles (with jitter) up to `retry_max`.
     pub retry_initial: Duration,
+    /// Longest retry delay of a failed row.
     pub retry_max: Duration,
+    /// Per-aggregate order or raw throughput.
     pub ordering: Ordering,
+    /// How writers wake the relay.
     pub notify_mode: NotifyMode,
     /// Delete processed rows older than this, periodically. `None`: keep them.
     pub retention: Option<Duration>,
@@ -203,7 +210,7 @@ impl RelayConfig {
     }
 
     /// The effective configuration for logs. The database URLs are shown as their parsed
-    /// parameters with the password replaced (see [`crate::db::redacted_url`]), the NATS URLs with
+    /// parameters with the password replaced (in libpq key=value form), the NATS URLs with
     /// their password or token replaced.
     pub fn redacted(&self) -> String {
         format!(
@@ -274,7 +281,7 @@ pub(crate) struct Settings {
 }
 
 /// Written by hand so that an application logging its config never prints a password: database
-/// URLs as [`crate::db::redacted_url`] shows them, NATS URLs without password or token.
+/// URLs as their parsed parameters with the password replaced, NATS URLs without password or token.
 impl fmt::Debug for RelayConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let RelayConfig {

@@ -48,7 +48,10 @@ pub async fn connect_raw(
     Ok(config.connect(connector).await?)
 }
 
-/// [`connect_raw`], with the connection driven on a task of its own.
+/// Connects as the relay does: any libpq connection string (URI or key=value, `PG*`-style TLS
+/// settings: `sslmode`, `sslrootcert`, client certificates, also from `PGSSL*` variables) over
+/// rustls, with keepalives and a connect timeout; the connection is driven on a task of its own.
+/// `application_name` shows in `pg_stat_activity`.
 pub async fn connect(url: &str, application_name: &str) -> Result<Client> {
     let (client, connection) = connect_raw(url, "database_url", application_name).await?;
     tokio::spawn(async move {

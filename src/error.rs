@@ -142,6 +142,7 @@ impl Error {
 }
 
 impl Error {
+    /// What kind of failure this is.
     pub fn kind(&self) -> ErrorKind {
         match &*self.0 {
             Repr::Config { .. } => ErrorKind::Config,
@@ -336,6 +337,7 @@ fn describe_db_error(e: &tokio_postgres::Error) -> String {
     out
 }
 
+/// `Result` with the library's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 
 /// Column limits of `outbox_events` (see sql/migrations).
 pub const MAX_EVENT_TYPE_LEN: usize = 100;
+/// Longest `aggregate_type` / `aggregate_id`, in bytes.
 pub const MAX_AGGREGATE_LEN: usize = 255;
 
 /// JetStream stores a message's header block with a 16-bit length: every stream refuses a block
@@ -21,9 +22,13 @@ pub const MAX_HEADER_BLOCK_BYTES: usize = 65_535;
 /// An event to write into the outbox inside the application's transaction.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewEvent {
+    /// What kind of thing the event is about (`order`); with `aggregate_id`, the unit of ordering.
     pub aggregate_type: String,
+    /// Which one (`42`).
     pub aggregate_id: String,
+    /// What happened (`order.created`): the last part of the subject.
     pub event_type: String,
+    /// The event's body, published as JSON.
     pub payload: serde_json::Value,
     /// Extra NATS headers published with the event (for example a W3C `traceparent`).
     pub headers: BTreeMap<String, String>,
@@ -80,17 +85,24 @@ impl NewEvent {
 /// A claimed outbox row, as the relay publishes it.
 #[derive(Debug, Clone)]
 pub struct OutboxEvent {
+    /// The row's id: `Outbox-Event-Id` and `Nats-Msg-Id`.
     pub id: Uuid,
+    /// Commit-independent position: the order within an aggregate.
     pub seq: i64,
+    /// See [`NewEvent::aggregate_type`].
     pub aggregate_type: String,
+    /// See [`NewEvent::aggregate_id`].
     pub aggregate_id: String,
+    /// See [`NewEvent::event_type`].
     pub event_type: String,
     /// The JSON payload as PostgreSQL renders it: published as is, never re-serialized. Held once
     /// (the publish shares these bytes).
     pub payload: Bytes,
+    /// The row's own headers (`traceparent`, ...), published after the outbox's.
     pub headers: BTreeMap<String, String>,
     /// Attempts spent before this one (rows written by raw SQL may hold any number).
     pub attempts: i32,
+    /// When the row was written (the writer's `now()`).
     pub created_at: Timestamp,
     /// Why the row cannot be published as it is, found while reading it (headers that are not a
     /// JSON object, text that is not UTF-8): [`OutboxEvent::validate`] refuses it.

@@ -11,10 +11,15 @@ use crate::error::{Error, Result};
 use crate::event::OutboxEvent;
 use crate::policy::FailureKind;
 
+/// The event's id (also sent as `Nats-Msg-Id`).
 pub const HEADER_EVENT_ID: &str = "Outbox-Event-Id";
+/// The event's `aggregate_type`.
 pub const HEADER_AGGREGATE_TYPE: &str = "Outbox-Aggregate-Type";
+/// The event's `aggregate_id`.
 pub const HEADER_AGGREGATE_ID: &str = "Outbox-Aggregate-Id";
+/// The event's `event_type`.
 pub const HEADER_EVENT_TYPE: &str = "Outbox-Event-Type";
+/// When the row was written, RFC 3339.
 pub const HEADER_CREATED_AT: &str = "Outbox-Created-At";
 
 /// Duplicate window of streams created by `--create-stream`.
