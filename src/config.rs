@@ -380,11 +380,7 @@ fn redacted_nats_url(urls: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn field_of<T: std::fmt::Debug>(r: Result<T>) -> Option<&'static str> {
-        r.err()
-            .and_then(|e| e.config_field().map(|(field, _)| field))
-    }
+    use crate::error::field_of;
 
     #[test]
     fn defaults_validate_once_a_url_is_set() {

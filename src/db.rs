@@ -218,11 +218,7 @@ fn starts_parameter(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn field_of<T: std::fmt::Debug>(r: Result<T>) -> Option<&'static str> {
-        r.err()
-            .and_then(|e| e.config_field().map(|(field, _)| field))
-    }
+    use crate::error::field_of;
 
     #[test]
     fn passwords_are_redacted() {

@@ -340,6 +340,13 @@ fn describe_db_error(e: &tokio_postgres::Error) -> String {
 /// `Result` with the library's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// For tests: the setting a failed result names, if it is a configuration error.
+#[cfg(test)]
+pub(crate) fn field_of<T>(r: Result<T>) -> Option<&'static str> {
+    r.err()
+        .and_then(|e| e.config_field().map(|(field, _)| field))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
