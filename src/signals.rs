@@ -78,9 +78,10 @@ impl Arming {
         }
     }
 
-    /// The processor found nothing and waits: arm, unless armed already (that arming covers it).
+    /// The processor found nothing and waits: arm, unless armed already (that arming covers it,
+    /// unless a notification is about to end it: then arm again after the disarm).
     pub fn request(&mut self) {
-        self.wanted = !self.armed;
+        self.wanted = !self.armed || self.disarm_due;
     }
 
     /// The processor woke up to drain: arming now would only make writers pay.
@@ -217,6 +218,22 @@ mod tests {
         // Drained: idle again.
         let again = [&drained[..], &[A::busy, A::request]].concat();
         assert_eq!(after(true, &again), Arm);
+    }
+
+    /// The processor may drain and go idle again before the listener has carried out the disarm
+    /// that a notification called for: that request must survive the disarm, or nobody arms and
+    /// the relay sleeps until the fallback poll.
+    #[test]
+    fn a_request_before_a_pending_disarm_arms_after_it() {
+        let steps = [
+            A::request,
+            A::armed,
+            A::notified,
+            A::busy,
+            A::request,
+            A::disarmed,
+        ];
+        assert_eq!(after(true, &steps), Arm);
     }
 
     #[test]
