@@ -1,13 +1,11 @@
 //! Metrics, health endpoints and trace propagation.
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::outbox::Env;
-use common::{free_addr, http_get, wait_until};
 use outbox_relay::{enqueue, NewEvent};
+use testkit::outbox::Env;
+use testkit::{free_addr, http_get, wait_until};
 
 /// Sample lines `name{labels} value` summed by metric name (labels dropped).
 fn samples(text: &str) -> HashMap<String, f64> {

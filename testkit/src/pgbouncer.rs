@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use super::pg::{self, PgCluster};
-use super::proc::{self, TestDir};
+use crate::pg::{self, PgCluster};
+use crate::proc::{self, TestDir};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -291,10 +291,7 @@ impl Drop for PgBouncer {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
             // SIGTERM: immediate shutdown (SIGINT would wait for the clients to finish).
-            let _ = proc::send_signal(child.id(), Signal::SIGTERM);
-            if proc::wait_child(&mut child, STOP_TIMEOUT).is_none() {
-                proc::kill_and_reap(&mut child);
-            }
+            proc::signal_and_wait(&mut child, Signal::SIGTERM, STOP_TIMEOUT, false);
         }
         // self.dir (TestDir) removes the files afterwards.
     }

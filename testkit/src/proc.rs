@@ -106,6 +106,52 @@ pub(crate) fn kill_and_reap(child: &mut Child) {
     let _ = child.wait();
 }
 
+/// Sends `sig` to `child` and waits up to `timeout` for it to exit. When it does not, SIGKILLs it
+/// (and with `with_children` the children it had then) and returns `None`.
+pub(crate) fn signal_and_wait(
+    child: &mut Child,
+    sig: Signal,
+    timeout: Duration,
+    with_children: bool,
+) -> Option<ExitStatus> {
+    let _ = send_signal(child.id(), sig);
+    if let Some(status) = wait_child(child, timeout) {
+        return Some(status);
+    }
+    let children = if with_children {
+        children_of(child.id())
+    } else {
+        Vec::new()
+    };
+    kill_and_reap(child);
+    for c in children {
+        let _ = send_signal(c, Signal::SIGKILL);
+    }
+    None
+}
+
+/// Graceful stop of the server in `child` (no-op if not running): `sig`, then a bounded wait.
+/// Panics with `log_tail` when it had to be killed.
+pub(crate) fn stop_server(
+    child: &mut Option<Child>,
+    sig: Signal,
+    timeout: Duration,
+    with_children: bool,
+    what: &str,
+    log_tail: impl FnOnce() -> String,
+) {
+    let Some(mut child) = child.take() else {
+        return;
+    };
+    if signal_and_wait(&mut child, sig, timeout, with_children).is_none() {
+        panic!(
+            "{what} (pid {}) did not stop within {timeout:?} after {sig}; killed it\n{}",
+            child.id(),
+            log_tail()
+        );
+    }
+}
+
 /// Whether the process `pid` exists and is not a zombie.
 pub(crate) fn process_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -294,12 +340,12 @@ pub(crate) fn is_executable(p: &Path) -> bool {
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
-pub(crate) fn file_len(p: &Path) -> u64 {
+pub fn file_len(p: &Path) -> u64 {
     std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
 }
 
 /// The log text written after byte `from`.
-pub(crate) fn read_from(p: &Path, from: u64) -> String {
+pub fn read_from(p: &Path, from: u64) -> String {
     let bytes = std::fs::read(p).unwrap_or_default();
     let from = (from as usize).min(bytes.len());
     String::from_utf8_lossy(&bytes[from..]).into_owned()

@@ -1,14 +1,12 @@
 //! The gated NOTIFY: writers notify only while a relay is armed. No wake-up may be lost at the
 //! arming boundary, and a long writer transaction must not push latency to the fallback poll.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::outbox::Env;
 use futures::StreamExt;
+use testkit::outbox::Env;
 use uuid::Uuid;
 
 type Commits = Arc<Mutex<HashMap<Uuid, Instant>>>;
@@ -58,7 +56,7 @@ async fn no_wakeup_is_lost_at_the_arming_boundary() {
         let (db, commits) = (env.db.clone(), commits.clone());
         writers.push(tokio::spawn(async move {
             let mut rng = fastrand::Rng::with_seed(seed + w);
-            let mut client = common::pg_client(&db).await;
+            let mut client = testkit::pg_client(&db).await;
             for i in 0..1_250 {
                 write_one(&mut client, &format!("w{w}-{}", i % 20), &commits).await;
                 // Random gaps of 0-20 ms: the workload under test.

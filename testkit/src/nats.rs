@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use super::proc::{self, TestDir};
+use crate::proc::{self, TestDir};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
@@ -253,19 +253,15 @@ impl NatsServer {
 
     /// Graceful shutdown (SIGINT), bounded; no-op if not running.
     pub fn stop(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        let _ = proc::send_signal(child.id(), Signal::SIGINT);
-        if proc::wait_child(&mut child, STOP_TIMEOUT).is_none() {
-            let pid = child.id();
-            proc::kill_and_reap(&mut child);
-            panic!(
-                "nats-server (pid {pid}) did not stop within {STOP_TIMEOUT:?} after SIGINT; \
-                 killed it\n{}",
-                self.log_tail(40)
-            );
-        }
+        let (log_path, stdio_path) = (self.log_path.clone(), self.stdio_path());
+        proc::stop_server(
+            &mut self.child,
+            Signal::SIGINT,
+            STOP_TIMEOUT,
+            false,
+            "nats-server",
+            || proc::server_log_tail(&log_path, &stdio_path, 40),
+        );
         self.wait_port_free();
     }
 
