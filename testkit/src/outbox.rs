@@ -95,16 +95,7 @@ impl Env {
     }
 
     pub async fn create_stream(&self) {
-        let js = self.js().await;
-        js.get_or_create_stream(stream::Config {
-            name: STREAM.into(),
-            subjects: vec!["outbox.>".into()],
-            storage: stream::StorageType::File,
-            duplicate_window: Duration::from_secs(600),
-            ..Default::default()
-        })
-        .await
-        .expect("create stream");
+        create_stream(&self.js().await).await;
     }
 
     pub async fn js(&self) -> jetstream::Context {
@@ -129,10 +120,7 @@ impl Env {
     }
 
     pub async fn spawn(&self, config: RelayConfig) -> RunningRelay {
-        let relay = Relay::new(config).await.expect("relay starts");
-        let token = CancellationToken::new();
-        let handle = tokio::spawn(relay.run(token.clone()));
-        RunningRelay { token, handle }
+        RunningRelay::start(config).await
     }
 
     pub async fn client(&self) -> tokio_postgres::Client {
@@ -193,6 +181,20 @@ impl Env {
     }
 }
 
+/// Creates the `OUTBOX` stream on `outbox.>` (file storage, 10 min duplicate window) unless it
+/// exists.
+pub async fn create_stream(js: &jetstream::Context) {
+    js.get_or_create_stream(stream::Config {
+        name: STREAM.into(),
+        subjects: vec!["outbox.>".into()],
+        storage: stream::StorageType::File,
+        duplicate_window: Duration::from_secs(600),
+        ..Default::default()
+    })
+    .await
+    .expect("create stream");
+}
+
 /// Every message of `stream`, in stream order.
 pub async fn read_stream(js: &jetstream::Context, stream: &str) -> Vec<Stored> {
     read_stream_with(js, stream, false).await
@@ -230,6 +232,20 @@ async fn read_stream_with(
     out
 }
 
+/// An `order.created` event of the aggregate `order`/`aggregate_id` with the payload `{"n": n}`.
+pub fn numbered_event(
+    aggregate_id: &str,
+    n: impl Into<serde_json::Value>,
+) -> outbox_relay::NewEvent {
+    outbox_relay::NewEvent::new(
+        "order",
+        aggregate_id,
+        "order.created",
+        &serde_json::json!({ "n": n.into() }),
+    )
+    .expect("event")
+}
+
 /// Asserts that no event id appears twice in the stream and returns the ids in stream order.
 pub fn assert_unique(stored: &[Stored]) -> Vec<Uuid> {
     let mut seen = std::collections::HashSet::new();
@@ -250,6 +266,14 @@ pub struct RunningRelay {
 }
 
 impl RunningRelay {
+    /// Runs a relay with `config` on a task of its own; panics when the config is refused.
+    pub async fn start(config: RelayConfig) -> RunningRelay {
+        let relay = Relay::new(config).await.expect("relay starts");
+        let token = CancellationToken::new();
+        let handle = tokio::spawn(relay.run(token.clone()));
+        RunningRelay { token, handle }
+    }
+
     /// Graceful stop; the relay must exit cleanly within 10 s.
     pub async fn stop(self) {
         self.token.cancel();

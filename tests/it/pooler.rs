@@ -161,13 +161,7 @@ fn run_bounded(mut cmd: Command, what: &str) -> Output {
 }
 
 fn event(aggregate_id: &str, n: usize) -> NewEvent {
-    NewEvent::new(
-        "order",
-        aggregate_id,
-        "order.created",
-        &serde_json::json!({ "n": n }),
-    )
-    .expect("event")
+    testkit::outbox::numbered_event(aggregate_id, n)
 }
 
 fn status_json(stdout: &str) -> serde_json::Value {

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
 use outbox_relay::{Relay, RelayConfig};
+use testkit::outbox::RunningRelay;
 use testkit::{NatsServer, PgCluster, PgOptions};
 
 const SECRET: &str = "s3cret-Pa55";
@@ -13,6 +14,28 @@ fn auth_server() -> NatsServer {
     NatsServer::start_with_config(&format!(
         "authorization {{\n  users = [ {{ user: relay, password: \"{SECRET}\" }} ]\n}}"
     ))
+}
+
+/// `outbox-relay <args>` logging at debug level, against a database that is not there and against
+/// `nats`, the secret the password in both URLs.
+fn with_secrets_in_urls(args: &[&str], nats: &NatsServer) -> Command {
+    let dead_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let mut cmd = testkit::relay_command();
+    cmd.args(args)
+        .env(
+            "DATABASE_URL",
+            format!("postgres://app:{SECRET}@127.0.0.1:{dead_port}/x"),
+        )
+        .env(
+            "NATS_URL",
+            format!("nats://relay:{SECRET}@127.0.0.1:{}", nats.port()),
+        )
+        .env("RUST_LOG", "debug");
+    cmd
 }
 
 async fn migrated_db() -> String {
@@ -41,18 +64,13 @@ async fn nats_user_and_password_in_the_url() {
 
     let mut config = RelayConfig::new(db.clone());
     config.nats_url = good;
-    let token = tokio_util::sync::CancellationToken::new();
-    let relay = tokio::spawn(
-        Relay::new(config)
-            .await
-            .expect("valid config")
-            .run(token.clone()),
-    );
+    let relay = RunningRelay::start(config).await;
     // Right credentials: the relay starts and runs until stopped.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!relay.is_finished(), "the relay stopped on its own");
-    token.cancel();
+    assert!(!relay.handle.is_finished(), "the relay stopped on its own");
+    relay.token.cancel();
     relay
+        .handle
         .await
         .expect("task")
         .expect("right credentials connect");
@@ -103,25 +121,8 @@ async fn cli_output_never_contains_secrets() {
     // A database password in the URL of a server that is not there: not printed either, in the
     // startup config line nor in the error. (`run` waits for such a database, logging why: see
     // run_waits_for_an_unreachable_database_without_printing_its_password.)
-    let dead_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
     for args in [vec!["status"], vec!["migrate"]] {
-        let out = Command::new(bin)
-            .args(&args)
-            .env(
-                "DATABASE_URL",
-                format!("postgres://app:{SECRET}@127.0.0.1:{dead_port}/x"),
-            )
-            .env(
-                "NATS_URL",
-                format!("nats://relay:{SECRET}@127.0.0.1:{}", nats.port()),
-            )
-            .env("RUST_LOG", "debug")
-            .output()
-            .expect("run");
+        let out = with_secrets_in_urls(&args, &nats).output().expect("run");
         let all = String::from_utf8_lossy(&out.stdout).into_owned()
             + &String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {all}");
@@ -143,22 +144,7 @@ async fn cli_output_never_contains_secrets() {
 #[tokio::test]
 async fn run_waits_for_an_unreachable_database_without_printing_its_password() {
     let nats = auth_server();
-    let dead_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let mut child = testkit::relay_command()
-        .args(["run", "--metrics-addr", "off"])
-        .env(
-            "DATABASE_URL",
-            format!("postgres://app:{SECRET}@127.0.0.1:{dead_port}/x"),
-        )
-        .env(
-            "NATS_URL",
-            format!("nats://relay:{SECRET}@127.0.0.1:{}", nats.port()),
-        )
-        .env("RUST_LOG", "debug")
+    let mut child = with_secrets_in_urls(&["run", "--metrics-addr", "off"], &nats)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -370,24 +356,14 @@ async fn passwords_with_quotes_and_spaces_reach_the_server_intact() {
     );
     assert_eq!(code, Some(0), "migrate --schema: {all}");
     let nats = NatsServer::start();
-    jetstream::new(async_nats::connect(nats.url()).await.expect("nats"))
-        .create_stream(stream::Config {
-            name: "OUTBOX".into(),
-            subjects: vec!["outbox.>".into()],
-            ..Default::default()
-        })
-        .await
-        .expect("stream");
+    testkit::outbox::create_stream(&jetstream::new(
+        async_nats::connect(nats.url()).await.expect("nats"),
+    ))
+    .await;
     let mut config = RelayConfig::new(good[0].clone());
     config.nats_url = nats.url();
     config.schema = Some("sec".into());
-    let token = tokio_util::sync::CancellationToken::new();
-    let relay = tokio::spawn(
-        Relay::new(config)
-            .await
-            .expect("valid config")
-            .run(token.clone()),
-    );
+    let relay = RunningRelay::start(config).await;
     testkit::wait_until(
         "the relay's LISTEN connection (with --schema, as app) armed",
         Duration::from_secs(30),
@@ -405,11 +381,7 @@ async fn passwords_with_quotes_and_spaces_reach_the_server_intact() {
         },
     )
     .await;
-    token.cancel();
-    relay
-        .await
-        .expect("task")
-        .expect("the relay with --schema exits cleanly");
+    relay.stop().await;
 
     // A wrong password fails, and the error does not show the password given.
     let wrong = format!(

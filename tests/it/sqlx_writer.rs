@@ -8,13 +8,7 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use testkit::outbox::Env;
 
 fn event(aggregate_id: &str, n: i32) -> NewEvent {
-    NewEvent::new(
-        "order",
-        aggregate_id,
-        "order.created",
-        &serde_json::json!({ "n": n }),
-    )
-    .expect("event")
+    testkit::outbox::numbered_event(aggregate_id, n)
 }
 
 async fn pool(env: &Env) -> PgPool {

@@ -148,6 +148,21 @@ impl TlsProbe {
     }
 }
 
+/// A cluster with TLS on (the test server certificate), logging connections.
+fn tls_options(pki: &Pki) -> PgOptions {
+    PgOptions::default()
+        .setting("ssl", "on")
+        .setting("ssl_cert_file", path(&pki.cert))
+        .setting("ssl_key_file", path(&pki.key))
+        .setting("log_connections", "on")
+}
+
+async fn tls_cluster(opts: PgOptions) -> PgCluster {
+    tokio::task::spawn_blocking(move || PgCluster::start(opts))
+        .await
+        .expect("cluster")
+}
+
 fn path(p: &Path) -> String {
     p.display().to_string()
 }
@@ -171,18 +186,7 @@ fn status(database_url: &str, vars: &[(&str, &str)]) -> (Option<i32>, String) {
 #[tokio::test]
 async fn sslmodes_against_a_tls_cluster() {
     let pki = pki();
-    let (cert, key) = (path(&pki.cert), path(&pki.key));
-    let pg = tokio::task::spawn_blocking(move || {
-        PgCluster::start(
-            PgOptions::default()
-                .setting("ssl", "on")
-                .setting("ssl_cert_file", cert)
-                .setting("ssl_key_file", key)
-                .setting("log_connections", "on"),
-        )
-    })
-    .await
-    .expect("cluster");
+    let pg = tls_cluster(tls_options(&pki)).await;
     let url = pg.create_migrated_database().await;
     let probe = TlsProbe::new(&pg, &url);
 
@@ -439,20 +443,12 @@ async fn client_certificates() {
     )
     .expect("pg_hba.conf");
     std::fs::set_permissions(&hba, std::fs::Permissions::from_mode(0o644)).expect("chmod");
-    let (cert, key, ca, hba_file) = (path(&pki.cert), path(&pki.key), path(&pki.ca), path(&hba));
-    let pg = tokio::task::spawn_blocking(move || {
-        PgCluster::start(
-            PgOptions::default()
-                .setting("ssl", "on")
-                .setting("ssl_cert_file", cert)
-                .setting("ssl_key_file", key)
-                .setting("ssl_ca_file", ca)
-                .setting("hba_file", hba_file)
-                .setting("log_connections", "on"),
-        )
-    })
-    .await
-    .expect("cluster");
+    let pg = tls_cluster(
+        tls_options(&pki)
+            .setting("ssl_ca_file", path(&pki.ca))
+            .setting("hba_file", path(&hba)),
+    )
+    .await;
     let url = pg.create_migrated_database().await;
     let admin = testkit::pg_client(&url).await;
     admin
