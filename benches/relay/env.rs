@@ -118,14 +118,8 @@ pub(crate) struct Db {
 }
 
 pub(crate) async fn fresh_db(ctx: &Ctx) -> Res<Db> {
-    let url = ctx.pg.create_database().await;
-    let mut client = pg_client(&url).await;
-    within(Duration::from_secs(60), "migrate", async {
-        outbox_relay::migrate::migrate(&mut client)
-            .await
-            .ctx("migrate")
-    })
-    .await?;
+    let url = ctx.pg.create_migrated_database().await;
+    let client = pg_client(&url).await;
     reset_stream(&ctx.nats_url).await?;
     Ok(Db { url, client })
 }

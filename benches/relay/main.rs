@@ -22,6 +22,9 @@
 //!
 //! Every row goes into one markdown table on stdout and into `target/bench/results.json`. A
 //! scenario that fails is reported in the table and the others still run.
+//!
+//! One module per scenario; `env` holds what they share (servers and the relay process come from
+//! the `testkit` harness crate), `report` the rows, the table and `results.json`.
 
 mod drain;
 mod env;
