@@ -62,6 +62,20 @@ where
     }
 }
 
+/// A turn to run alone among the heavy tests; hold it for the whole test.
+///
+/// The integration tests share one process and run two at a time. The heaviest (a three-node
+/// nats-server cluster, thousands of rows with a relay that keeps failing) and those that bound a
+/// latency take turns through this, so that no two of them load the two cores together; the light
+/// tests still run beside them.
+pub async fn heavy() -> tokio::sync::SemaphorePermit<'static> {
+    static HEAVY: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+    HEAVY
+        .acquire()
+        .await
+        .expect("the heavy-test semaphore is never closed")
+}
+
 /// Connects to `url` without TLS (bounded to 10 s), spawns the connection
 /// task on the current tokio runtime and returns the client.
 pub async fn pg_client(url: &str) -> tokio_postgres::Client {

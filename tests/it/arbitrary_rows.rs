@@ -825,6 +825,7 @@ fn rows_of_any_content_are_published_or_dead_lettered() {
         .enable_all()
         .build()
         .expect("tokio runtime");
+    let _turn = rt.block_on(testkit::heavy());
     let (env, relay) = rt.block_on(async {
         let env = Env::new().await;
         let mut config = env.config();

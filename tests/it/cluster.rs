@@ -27,6 +27,7 @@ const RELAY_CONNECTION_NAME: &str = "outbox-relay";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_killed_mid_drain_loses_and_duplicates_nothing() {
+    let _turn = testkit::heavy().await;
     init_tracing();
     let started = Instant::now();
     let mut nodes = tokio::task::spawn_blocking(|| NatsServer::start_cluster(NODES))

@@ -176,6 +176,7 @@ async fn invalid_events_are_refused_before_the_database() {
 
 #[tokio::test]
 async fn notification_wakes_the_relay_in_milliseconds() {
+    let _turn = testkit::heavy().await;
     let env = Env::new().await;
     let relay = env.spawn(env.config()).await; // fallback 60 s
     let js = env.js().await;

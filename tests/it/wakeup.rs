@@ -43,6 +43,7 @@ async fn latencies(mut sub: async_nats::Subscriber, n: usize, commits: Commits) 
 
 #[tokio::test]
 async fn no_wakeup_is_lost_at_the_arming_boundary() {
+    let _turn = testkit::heavy().await;
     let env = Env::new().await;
     let relay = env.spawn(env.config()).await; // fallback 60 s
     let nc = async_nats::connect(env.nats.url()).await.expect("nats");
@@ -81,6 +82,7 @@ async fn no_wakeup_is_lost_at_the_arming_boundary() {
 
 #[tokio::test]
 async fn a_long_writer_transaction_does_not_delay_other_events_to_the_fallback() {
+    let _turn = testkit::heavy().await;
     let env = Env::new().await;
     let relay = env.spawn(env.config()).await; // fallback 60 s
 
