@@ -28,7 +28,7 @@ use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use async_nats::jetstream::AckKind;
 use clap::Parser;
 use futures::StreamExt;
-use outbox_relay::publisher::{HEADER_AGGREGATE_ID, HEADER_EVENT_ID};
+use outbox_relay::wire::{HEADER_AGGREGATE_ID, HEADER_EVENT_ID};
 use uuid::Uuid;
 
 #[derive(Debug, Parser)]
@@ -73,17 +73,14 @@ async fn main() -> ExitCode {
     match run(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!(
-                "consumer failed: {}",
-                outbox_relay::db::redact(&e.to_string())
-            );
+            eprintln!("consumer failed: {}", outbox_relay::redact(&e.to_string()));
             ExitCode::from(1)
         }
     }
 }
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let mut db = outbox_relay::db::connect(&args.database_url, "outbox-example-consumer").await?;
+    let mut db = outbox_relay::connect(&args.database_url, "outbox-example-consumer").await?;
     outbox_relay::migrate::check_schema(&db).await?;
     db.batch_execute(
         "CREATE TABLE IF NOT EXISTS example_handled (
@@ -179,13 +176,13 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
                 counts.failed += 1;
                 eprintln!(
                     "{event_id}: handling failed, will retry: {}",
-                    outbox_relay::db::redact(&e.to_string())
+                    outbox_relay::redact(&e.to_string())
                 );
                 let _ = msg
                     .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
                     .await;
                 if db.is_closed() {
-                    db = outbox_relay::db::connect(&args.database_url, "outbox-example-consumer")
+                    db = outbox_relay::connect(&args.database_url, "outbox-example-consumer")
                         .await?;
                 }
             }

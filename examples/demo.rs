@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use futures::StreamExt;
-use outbox_relay::publisher::{HEADER_AGGREGATE_ID, HEADER_EVENT_ID};
+use outbox_relay::wire::{HEADER_AGGREGATE_ID, HEADER_EVENT_ID};
 use outbox_relay::{enqueue, NewEvent};
 use uuid::Uuid;
 
@@ -73,7 +73,7 @@ async fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("demo failed: {}", outbox_relay::db::redact(&e.to_string()));
+            eprintln!("demo failed: {}", outbox_relay::redact(&e.to_string()));
             ExitCode::from(1)
         }
     }
@@ -86,7 +86,7 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error + Send + Sync
     let subscription = nats.subscribe(args.subject.clone()).await?;
     nats.flush().await?;
 
-    let mut db = outbox_relay::db::connect(&args.database_url, "outbox-relay-demo").await?;
+    let mut db = outbox_relay::connect(&args.database_url, "outbox-relay-demo").await?;
     outbox_relay::migrate::check_schema(&db).await?;
     db.batch_execute(
         "CREATE TABLE IF NOT EXISTS demo_orders (

@@ -1,13 +1,12 @@
 //! Periodic side tasks of the relay: gauges from a cheap status query, and `--retention` cleanup.
 
-use std::sync::atomic::Ordering as AtomicOrdering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RelayConfig;
-use crate::listener::Signals;
+use crate::health::Health;
 use crate::metrics::Metrics;
 
 /// Refreshes the pending / oldest-age / dead-letter gauges every `stats_interval` (not per batch:
@@ -15,7 +14,7 @@ use crate::metrics::Metrics;
 pub(crate) async fn stats(
     config: RelayConfig,
     metrics: Arc<Metrics>,
-    signals: Arc<Signals>,
+    health: Arc<Health>,
     shutdown: CancellationToken,
 ) {
     let mut client = None;
@@ -35,13 +34,13 @@ pub(crate) async fn stats(
                 .ok();
         }
         let Some(c) = client.as_mut() else {
-            signals.database_ok.store(false, AtomicOrdering::Release);
+            health.set_database(false);
             continue;
         };
         let status = crate::ops::status_in(c, config.schema.as_deref());
         match tokio::time::timeout(Duration::from_secs(5), status).await {
             Ok(Ok(s)) => {
-                signals.database_ok.store(true, AtomicOrdering::Release);
+                health.set_database(true);
                 metrics.pending.set(s.pending);
                 metrics
                     .oldest_pending_age_seconds
@@ -49,12 +48,12 @@ pub(crate) async fn stats(
                 metrics.dead_letters.set(s.dead_letters);
             }
             Ok(Err(e)) => {
-                signals.database_ok.store(false, AtomicOrdering::Release);
+                health.set_database(false);
                 tracing::warn!(error = %e, "status query failed");
                 client = None;
             }
             Err(_) => {
-                signals.database_ok.store(false, AtomicOrdering::Release);
+                health.set_database(false);
                 client = None;
             }
         }

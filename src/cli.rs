@@ -5,7 +5,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use outbox_relay::{NotifyMode, Ordering, RelayConfig};
 use uuid::Uuid;
+
+/// The library's defaults are the CLI's: written once, in `RelayConfig::default()`.
+fn defaults() -> RelayConfig {
+    RelayConfig::default()
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -119,11 +125,49 @@ pub enum OrderingArg {
     None,
 }
 
+impl From<Ordering> for OrderingArg {
+    fn from(o: Ordering) -> Self {
+        match o {
+            Ordering::Aggregate => OrderingArg::Aggregate,
+            Ordering::None => OrderingArg::None,
+        }
+    }
+}
+
+impl From<OrderingArg> for Ordering {
+    fn from(o: OrderingArg) -> Self {
+        match o {
+            OrderingArg::Aggregate => Ordering::Aggregate,
+            OrderingArg::None => Ordering::None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum NotifyModeArg {
     Gated,
     Always,
     Poll,
+}
+
+impl From<NotifyMode> for NotifyModeArg {
+    fn from(m: NotifyMode) -> Self {
+        match m {
+            NotifyMode::Gated => NotifyModeArg::Gated,
+            NotifyMode::Always => NotifyModeArg::Always,
+            NotifyMode::Poll => NotifyModeArg::Poll,
+        }
+    }
+}
+
+impl From<NotifyModeArg> for NotifyMode {
+    fn from(m: NotifyModeArg) -> Self {
+        match m {
+            NotifyModeArg::Gated => NotifyMode::Gated,
+            NotifyModeArg::Always => NotifyMode::Always,
+            NotifyModeArg::Poll => NotifyMode::Poll,
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -135,7 +179,7 @@ pub struct RunArgs {
     #[arg(
         long,
         env = "NATS_URL",
-        default_value = "nats://127.0.0.1:4222",
+        default_value_t = defaults().nats_url,
         hide_env_values = true
     )]
     pub nats_url: String,
@@ -152,42 +196,42 @@ pub struct RunArgs {
     #[arg(long, env = "NATS_TLS_KEY")]
     pub nats_tls_key: Option<PathBuf>,
     /// JetStream stream (checked at start).
-    #[arg(long, env = "OUTBOX_STREAM", default_value = "OUTBOX")]
+    #[arg(long, env = "OUTBOX_STREAM", default_value_t = defaults().stream)]
     pub stream: String,
     /// Create the stream when it is missing (file storage, subjects <prefix>.>, 2m+ dedup window).
     #[arg(long, env = "OUTBOX_CREATE_STREAM")]
     pub create_stream: bool,
     /// Events go to <prefix>.<event_type>.
-    #[arg(long, env = "OUTBOX_SUBJECT_PREFIX", default_value = "outbox")]
+    #[arg(long, env = "OUTBOX_SUBJECT_PREFIX", default_value_t = defaults().subject_prefix)]
     pub subject_prefix: String,
     /// Poll this often even without notifications.
-    #[arg(long, env = "OUTBOX_FALLBACK_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
-    pub fallback_interval: Duration,
-    #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 1000)]
+    #[arg(long, env = "OUTBOX_FALLBACK_INTERVAL", default_value_t = defaults().fallback_interval.into())]
+    pub fallback_interval: humantime::Duration,
+    #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = defaults().batch_size)]
     pub batch_size: usize,
     /// Prepare the relay's statements once per connection. `false` behind a transaction pooler
     /// that does not keep prepared statements (PgBouncer before 1.21, or without
     /// `max_prepared_statements`): statements are then sent unnamed, planned each time.
-    #[arg(long, env = "OUTBOX_PREPARED_STATEMENTS", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, env = "OUTBOX_PREPARED_STATEMENTS", default_value_t = defaults().prepared_statements, action = clap::ArgAction::Set)]
     pub prepared_statements: bool,
     /// Payload bytes per batch (`32MiB`, `4MB`, `1000000`): bounds the relay's memory whatever the
     /// payloads; a single larger event still goes, alone.
-    #[arg(long, env = "OUTBOX_MAX_BATCH_BYTES", default_value = "32MiB", value_parser = parse_bytes)]
-    pub max_batch_bytes: usize,
-    #[arg(long, env = "OUTBOX_MAX_ATTEMPTS", default_value_t = 10)]
+    #[arg(long, env = "OUTBOX_MAX_BATCH_BYTES", default_value_t = ByteSize(defaults().max_batch_bytes), value_parser = parse_bytes)]
+    pub max_batch_bytes: ByteSize,
+    #[arg(long, env = "OUTBOX_MAX_ATTEMPTS", default_value_t = defaults().max_attempts)]
     pub max_attempts: u32,
-    #[arg(long, env = "OUTBOX_PUBLISH_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
-    pub publish_timeout: Duration,
-    #[arg(long, env = "OUTBOX_RETRY_INITIAL", default_value = "1s", value_parser = humantime::parse_duration)]
-    pub retry_initial: Duration,
-    #[arg(long, env = "OUTBOX_RETRY_MAX", default_value = "5m", value_parser = humantime::parse_duration)]
-    pub retry_max: Duration,
+    #[arg(long, env = "OUTBOX_PUBLISH_TIMEOUT", default_value_t = defaults().publish_timeout.into())]
+    pub publish_timeout: humantime::Duration,
+    #[arg(long, env = "OUTBOX_RETRY_INITIAL", default_value_t = defaults().retry_initial.into())]
+    pub retry_initial: humantime::Duration,
+    #[arg(long, env = "OUTBOX_RETRY_MAX", default_value_t = defaults().retry_max.into())]
+    pub retry_max: humantime::Duration,
     /// `aggregate`: per-aggregate seq order; `none`: raw throughput.
-    #[arg(long, env = "OUTBOX_ORDERING", value_enum, default_value = "aggregate")]
+    #[arg(long, env = "OUTBOX_ORDERING", value_enum, default_value_t = defaults().ordering.into())]
     pub ordering: OrderingArg,
     /// `gated`: writers notify only while a relay waits; `always`: every writer notifies;
     /// `poll`: no LISTEN, poll every --fallback-interval.
-    #[arg(long, env = "OUTBOX_NOTIFY_MODE", value_enum, default_value = "gated")]
+    #[arg(long, env = "OUTBOX_NOTIFY_MODE", value_enum, default_value_t = defaults().notify_mode.into())]
     pub notify_mode: NotifyModeArg,
     /// Delete processed rows older than this, periodically (off by default).
     #[arg(long, env = "OUTBOX_RETENTION", value_parser = humantime::parse_duration)]
@@ -198,7 +242,22 @@ pub struct RunArgs {
 }
 
 /// A byte size such as `32MiB`, `64 MB` or `1048576`.
-fn parse_bytes(s: &str) -> Result<usize, String> {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteSize(pub usize);
+
+/// Whole MiB as `32MiB`, anything else in bytes (what `--help` shows as the default).
+impl std::fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const MIB: usize = 1024 * 1024;
+        if self.0 % MIB == 0 {
+            write!(f, "{}MiB", self.0 / MIB)
+        } else {
+            write!(f, "{}", self.0)
+        }
+    }
+}
+
+fn parse_bytes(s: &str) -> Result<ByteSize, String> {
     let size: bytesize::ByteSize = s
         .trim()
         .parse()
@@ -206,6 +265,7 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
     usize::try_from(size.as_u64())
         .ok()
         .filter(|&n| n > 0)
+        .map(ByteSize)
         .ok_or_else(|| "must be more than 0 bytes".to_string())
 }
 

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
+pub use crate::db::{validate_schema, with_schema};
+
 /// Whether the relay keeps the events of one aggregate in `seq` order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Ordering {
@@ -43,13 +45,17 @@ pub struct RelayConfig {
     /// PostgreSQL schema holding the outbox objects (`None`: the connection's search_path,
     /// normally `public`).
     pub schema: Option<String>,
+    /// NATS server URLs, comma-separated; credentials in the URL are taken out and sent in the options.
     pub nats_url: String,
     /// NATS credentials: a JWT + NKey `.creds` file, or an NKey seed file.
     pub nats_creds: Option<PathBuf>,
+    /// An NKey seed file (instead of `nats_creds`).
     pub nats_nkey: Option<PathBuf>,
     /// TLS towards NATS: extra root CA, and a client certificate and key.
     pub nats_tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for mutual TLS; needs `nats_tls_key`.
     pub nats_tls_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
     pub nats_tls_key: Option<PathBuf>,
     /// JetStream stream the events are published into; checked at start.
     pub stream: String,
@@ -74,8 +80,11 @@ pub struct RelayConfig {
     pub publish_timeout: Duration,
     /// First retry delay of a failed row; doubles (with jitter) up to `retry_max`.
     pub retry_initial: Duration,
+    /// Longest retry delay of a failed row.
     pub retry_max: Duration,
+    /// Per-aggregate order or raw throughput.
     pub ordering: Ordering,
+    /// How writers wake the relay.
     pub notify_mode: NotifyMode,
     /// Delete processed rows older than this, periodically. `None`: keep them.
     pub retention: Option<Duration>,
@@ -201,7 +210,7 @@ impl RelayConfig {
     }
 
     /// The effective configuration for logs. The database URLs are shown as their parsed
-    /// parameters with the password replaced (see [`crate::db::redacted_url`]), the NATS URLs with
+    /// parameters with the password replaced (in libpq key=value form), the NATS URLs with
     /// their password or token replaced.
     pub fn redacted(&self) -> String {
         format!(
@@ -235,19 +244,26 @@ impl RelayConfig {
         )
     }
 
-    /// The LISTEN connection's URL with the schema applied to the session (see
-    /// [`crate::db::with_schema`]): that connection is never pooled (LISTEN needs a session of its
-    /// own). The worker connection applies the schema per transaction instead, so that it works
-    /// through a transaction pooler, which refuses the `options` startup parameter.
-    pub(crate) fn resolved_listen_url(&self) -> Result<String> {
+    /// Validates once and resolves what the relay derives from the config (the user's value is
+    /// left as it was given).
+    pub(crate) fn resolve(self) -> Result<Settings> {
+        self.validate()?;
         let listen = self
             .listen_database_url
-            .clone()
-            .unwrap_or_else(|| self.database_url.clone());
-        match &self.schema {
-            Some(schema) => crate::db::with_schema_for(&listen, schema, "listen_database_url"),
-            None => Ok(listen),
-        }
+            .as_deref()
+            .unwrap_or(&self.database_url);
+        // The LISTEN connection is never pooled (LISTEN needs a session of its own), so it takes
+        // the schema in its session (see [`crate::db::with_schema`]). The worker connections apply
+        // it per transaction instead, so that they work through a transaction pooler, which
+        // refuses the `options` startup parameter.
+        let listen_url = match &self.schema {
+            Some(schema) => crate::db::with_schema_for(listen, schema, "listen_database_url")?,
+            None => listen.to_string(),
+        };
+        Ok(Settings {
+            config: self,
+            listen_url,
+        })
     }
 
     /// Longest gap between two publishes of one row: JetStream deduplicates only inside the
@@ -257,8 +273,15 @@ impl RelayConfig {
     }
 }
 
+/// A validated [`RelayConfig`] and what the relay derives from it.
+pub(crate) struct Settings {
+    pub config: RelayConfig,
+    /// The LISTEN connection's URL: `listen_database_url` or `database_url`, with the schema.
+    pub listen_url: String,
+}
+
 /// Written by hand so that an application logging its config never prints a password: database
-/// URLs as [`crate::db::redacted_url`] shows them, NATS URLs without password or token.
+/// URLs as their parsed parameters with the password replaced, NATS URLs without password or token.
 impl fmt::Debug for RelayConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let RelayConfig {
@@ -358,6 +381,11 @@ fn redacted_nats_url(urls: &str) -> String {
 mod tests {
     use super::*;
 
+    fn field_of<T: std::fmt::Debug>(r: Result<T>) -> Option<&'static str> {
+        r.err()
+            .and_then(|e| e.config_field().map(|(field, _)| field))
+    }
+
     #[test]
     fn defaults_validate_once_a_url_is_set() {
         assert!(RelayConfig::default().validate().is_err());
@@ -370,31 +398,13 @@ mod tests {
     fn errors_name_the_field() {
         let mut c = RelayConfig::new("postgres://localhost/db");
         c.batch_size = 0;
-        assert!(matches!(
-            c.validate(),
-            Err(Error::Config {
-                field: "batch_size",
-                ..
-            })
-        ));
+        assert_eq!(field_of(c.validate()), Some("batch_size"));
         let mut c = RelayConfig::new("postgres://localhost/db");
         c.subject_prefix = "a.*".into();
-        assert!(matches!(
-            c.validate(),
-            Err(Error::Config {
-                field: "subject_prefix",
-                ..
-            })
-        ));
+        assert_eq!(field_of(c.validate()), Some("subject_prefix"));
         let mut c = RelayConfig::new("postgres://localhost/db");
         c.stream = "has.dot".into();
-        assert!(matches!(
-            c.validate(),
-            Err(Error::Config {
-                field: "stream",
-                ..
-            })
-        ));
+        assert_eq!(field_of(c.validate()), Some("stream"));
     }
 
     const SECRET: &str = "s3cret-Pa55";
@@ -453,21 +463,9 @@ mod tests {
     #[test]
     fn tls_parameters_are_checked_with_the_field_named() {
         let mut c = RelayConfig::new("host=db sslmode = verify-everything");
-        assert!(matches!(
-            c.validate(),
-            Err(Error::Config {
-                field: "database_url",
-                ..
-            })
-        ));
+        assert_eq!(field_of(c.validate()), Some("database_url"));
         c.database_url = "host=db".into();
         c.listen_database_url = Some("host=db sslrootcert=system sslmode=require".into());
-        assert!(matches!(
-            c.validate(),
-            Err(Error::Config {
-                field: "listen_database_url",
-                ..
-            })
-        ));
+        assert_eq!(field_of(c.validate()), Some("listen_database_url"));
     }
 }

@@ -48,7 +48,10 @@ pub async fn connect_raw(
     Ok(config.connect(connector).await?)
 }
 
-/// [`connect_raw`], with the connection driven on a task of its own.
+/// Connects as the relay does: any libpq connection string (URI or key=value, `PG*`-style TLS
+/// settings: `sslmode`, `sslrootcert`, client certificates, also from `PGSSL*` variables) over
+/// rustls, with keepalives and a connect timeout; the connection is driven on a task of its own.
+/// `application_name` shows in `pg_stat_activity`.
 pub async fn connect(url: &str, application_name: &str) -> Result<Client> {
     let (client, connection) = connect_raw(url, "database_url", application_name).await?;
     tokio::spawn(async move {
@@ -216,6 +219,11 @@ fn starts_parameter(text: &str) -> bool {
 mod tests {
     use super::*;
 
+    fn field_of<T: std::fmt::Debug>(r: Result<T>) -> Option<&'static str> {
+        r.err()
+            .and_then(|e| e.config_field().map(|(field, _)| field))
+    }
+
     #[test]
     fn passwords_are_redacted() {
         assert_eq!(
@@ -290,20 +298,15 @@ mod tests {
             "host=h options = '-c x=y'",
             "postgres://h/db?options=-c%20x%3Dy",
         ] {
-            assert!(matches!(
-                with_schema(taken, "app"),
-                Err(Error::Config {
-                    field: "schema",
-                    ..
-                })
-            ));
+            assert_eq!(field_of(with_schema(taken, "app")), Some("schema"));
         }
-        assert!(matches!(
-            with_schema_for("host=h 's3cret", "app", "listen_database_url"),
-            Err(Error::Config {
-                field: "listen_database_url",
-                ..
-            })
-        ));
+        assert_eq!(
+            field_of(with_schema_for(
+                "host=h 's3cret",
+                "app",
+                "listen_database_url"
+            )),
+            Some("listen_database_url")
+        );
     }
 }

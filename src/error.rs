@@ -1,116 +1,298 @@
-//! The one error type of the library.
+//! The one error type of the library: opaque, asked through its predicates (which drive the
+//! relay's backoff, its connection resets and the CLI's exit codes) or its [`ErrorKind`].
 
 use std::time::Duration;
 
-/// Everything that can go wrong in the library, with predicates that drive retry decisions.
+/// Everything that can go wrong in the library. Ask it with [`Error::kind`] and the predicates
+/// ([`Error::is_retryable`], [`Error::is_usage`], [`Error::is_not_found`], ...); its message
+/// ([`std::fmt::Display`]) is for people.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// A configuration value is unusable; `field` names the setting (the CLI maps it to its flag).
+#[error(transparent)]
+pub struct Error(Box<Repr>);
+
+/// What kind of failure an [`Error`] is. New kinds may be added.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// A configuration value is unusable; [`Error::config_field`] names the setting.
+    Config,
+    /// An event was refused before it reached the database.
+    InvalidEvent,
+    /// The database has no outbox schema, or an older one.
+    SchemaMissing,
+    /// PostgreSQL failed or could not be reached (through tokio-postgres or sqlx).
+    Database,
+    /// NATS could not be reached.
+    BrokerConnect,
+    /// A server refused the credentials or the TLS handshake: retrying the same settings cannot
+    /// succeed.
+    Refused,
+    /// The JetStream stream is missing, or a JetStream API call failed.
+    Stream,
+    /// The broker as a whole is unavailable: nothing was published and no attempt was spent.
+    BrokerUnavailable,
+    /// A bounded wait ran out.
+    Timeout,
+    /// An operator command named ids that do not exist or are not in the expected state.
+    NotFound,
+    /// An I/O error (a listening socket, a file).
+    Io,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum Repr {
     #[error("invalid configuration: {field}: {message}")]
     Config {
         field: &'static str,
         message: String,
     },
-    /// An event was refused before it reached the database.
     #[error("invalid event: {0}")]
     InvalidEvent(String),
-    /// The database has no outbox schema, or an older one.
     #[error("the outbox schema is missing or out of date (found version {found:?}, need {need}): run `outbox-relay migrate`")]
     SchemaMissing { found: Option<i32>, need: i32 },
-    /// PostgreSQL failed or could not be reached.
     #[error("database error: {}", describe_db_error(.0))]
     Database(#[from] tokio_postgres::Error),
-    /// PostgreSQL failed or could not be reached through sqlx (the `sqlx` feature's writer). The
-    /// variant exists without the feature too, so that enabling it never changes this enum.
+    /// Through sqlx (the `sqlx` feature's writer), classified when it was made.
     #[error("database error: {message}")]
     Sqlx { message: String, retryable: bool },
-    /// NATS could not be reached.
     #[error("NATS connection failed: {0}")]
-    NatsConnect(String),
-    /// A server refused the relay's credentials or its TLS handshake: retrying the same settings
-    /// cannot succeed.
+    BrokerConnect(String),
     #[error("refused: {0}")]
     Refused(String),
-    /// The JetStream stream is missing, or a JetStream API call failed.
     #[error("JetStream: {0}")]
     Stream(String),
-    /// The broker as a whole is unavailable: nothing was published and no attempt was spent.
     #[error("broker unavailable: {0}")]
     BrokerUnavailable(String),
-    /// A bounded wait ran out.
     #[error("timed out after {0:?}: {1}")]
     Timeout(Duration, String),
-    /// An operator command named ids that do not exist or are not in the expected state.
     #[error("{0}")]
     NotFound(String),
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
 }
 
+impl From<Repr> for Error {
+    fn from(repr: Repr) -> Self {
+        Error(Box::new(repr))
+    }
+}
+
+impl From<tokio_postgres::Error> for Error {
+    fn from(e: tokio_postgres::Error) -> Self {
+        Repr::Database(e).into()
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Repr::Io(e).into()
+    }
+}
+
 impl Error {
-    pub(crate) fn config(field: &'static str, message: impl Into<String>) -> Self {
-        Error::Config {
+    /// A configuration error naming `field` (for applications that check their own settings
+    /// alongside a [`crate::RelayConfig`]).
+    pub fn config(field: &'static str, message: impl Into<String>) -> Self {
+        Repr::Config {
             field,
             message: message.into(),
         }
+        .into()
+    }
+}
+
+/// Constructors, for the library's own modules.
+impl Error {
+    pub(crate) fn invalid_event(message: impl Into<String>) -> Self {
+        Repr::InvalidEvent(message.into()).into()
     }
 
-    /// Worth trying again later without changing anything (connections, broker outages, timeouts).
-    pub fn is_retryable(&self) -> bool {
-        match self {
-            Error::Database(e) => is_transient_db_error(e),
-            Error::NatsConnect(_) | Error::BrokerUnavailable(_) | Error::Timeout(..) => true,
-            Error::Io(_) => true,
-            Error::Sqlx { retryable, .. } => *retryable,
-            Error::Config { .. }
-            | Error::InvalidEvent(_)
-            | Error::SchemaMissing { .. }
-            | Error::Stream(_)
-            | Error::Refused(_)
-            | Error::NotFound(_) => false,
+    pub(crate) fn schema_missing(found: Option<i32>, need: i32) -> Self {
+        Repr::SchemaMissing { found, need }.into()
+    }
+
+    #[cfg_attr(not(feature = "sqlx"), allow(dead_code))]
+    pub(crate) fn sqlx(message: String, retryable: bool) -> Self {
+        Repr::Sqlx { message, retryable }.into()
+    }
+
+    pub(crate) fn broker_connect(message: impl Into<String>) -> Self {
+        Repr::BrokerConnect(message.into()).into()
+    }
+
+    pub(crate) fn refused(message: impl Into<String>) -> Self {
+        Repr::Refused(message.into()).into()
+    }
+
+    pub(crate) fn stream(message: impl Into<String>) -> Self {
+        Repr::Stream(message.into()).into()
+    }
+
+    pub(crate) fn broker_unavailable(message: impl Into<String>) -> Self {
+        Repr::BrokerUnavailable(message.into()).into()
+    }
+
+    pub(crate) fn timeout(after: Duration, what: impl Into<String>) -> Self {
+        Repr::Timeout(after, what.into()).into()
+    }
+
+    pub(crate) fn not_found(message: impl Into<String>) -> Self {
+        Repr::NotFound(message.into()).into()
+    }
+}
+
+impl Error {
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        match &*self.0 {
+            Repr::Config { .. } => ErrorKind::Config,
+            Repr::InvalidEvent(_) => ErrorKind::InvalidEvent,
+            Repr::SchemaMissing { .. } => ErrorKind::SchemaMissing,
+            Repr::Database(_) | Repr::Sqlx { .. } => ErrorKind::Database,
+            Repr::BrokerConnect(_) => ErrorKind::BrokerConnect,
+            Repr::Refused(_) => ErrorKind::Refused,
+            Repr::Stream(_) => ErrorKind::Stream,
+            Repr::BrokerUnavailable(_) => ErrorKind::BrokerUnavailable,
+            Repr::Timeout(..) => ErrorKind::Timeout,
+            Repr::NotFound(_) => ErrorKind::NotFound,
+            Repr::Io(_) => ErrorKind::Io,
         }
+    }
+
+    /// For a configuration error: the setting (the library's field name; the CLI shows it as its
+    /// flag) and what is wrong with it.
+    pub fn config_field(&self) -> Option<(&'static str, &str)> {
+        match &*self.0 {
+            Repr::Config { field, message } => Some((field, message)),
+            _ => None,
+        }
+    }
+
+    /// The message of an invalid event, without the "invalid event" prefix.
+    pub(crate) fn invalid_event_message(&self) -> Option<&str> {
+        match &*self.0 {
+            Repr::InvalidEvent(message) => Some(message),
+            _ => None,
+        }
+    }
+
+    /// The PostgreSQL error behind a database failure, with its SQLSTATE.
+    pub fn as_db_error(&self) -> Option<&tokio_postgres::Error> {
+        match &*self.0 {
+            Repr::Database(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// Worth trying again later without changing anything (connections, broker outages, timeouts,
+    /// serialization failures).
+    pub fn is_retryable(&self) -> bool {
+        match &*self.0 {
+            Repr::Database(e) => is_transient_db_error(e),
+            Repr::Sqlx { retryable, .. } => *retryable,
+            Repr::BrokerConnect(_)
+            | Repr::BrokerUnavailable(_)
+            | Repr::Timeout(..)
+            | Repr::Io(_) => true,
+            Repr::Config { .. }
+            | Repr::InvalidEvent(_)
+            | Repr::SchemaMissing { .. }
+            | Repr::Stream(_)
+            | Repr::Refused(_)
+            | Repr::NotFound(_) => false,
+        }
+    }
+
+    /// The error is the caller's fault (bad input); a CLI reports it as a usage error.
+    pub fn is_usage(&self) -> bool {
+        matches!(self.kind(), ErrorKind::Config | ErrorKind::InvalidEvent)
+    }
+
+    /// An operator command named something that is not there (the CLI exits 2).
+    pub fn is_not_found(&self) -> bool {
+        self.kind() == ErrorKind::NotFound
+    }
+
+    /// The broker took nothing (no attempt was spent): pause, the connections are fine.
+    pub fn is_broker_unavailable(&self) -> bool {
+        self.kind() == ErrorKind::BrokerUnavailable
     }
 
     /// A named prepared statement was missing or taken on the server connection: a transaction
     /// pooler (PgBouncer before 1.21) handed the session's statements to another client.
     pub fn is_prepared_statement_lost(&self) -> bool {
-        use tokio_postgres::error::SqlState;
-        matches!(self, Error::Database(e) if e.code().is_some_and(|c| {
-            *c == SqlState::INVALID_SQL_STATEMENT_NAME || *c == SqlState::DUPLICATE_PSTATEMENT
-        }))
+        sqlstate(self).is_some_and(|c| {
+            c == SqlState::INVALID_SQL_STATEMENT_NAME.code()
+                || c == SqlState::DUPLICATE_PSTATEMENT.code()
+        })
     }
 
-    /// The error is the caller's fault (bad input); a CLI reports it as a usage error.
-    pub fn is_usage(&self) -> bool {
-        matches!(self, Error::Config { .. } | Error::InvalidEvent(_))
+    /// The message with any password of a connection string in it replaced (for logs and
+    /// terminals).
+    pub fn redacted(&self) -> String {
+        crate::db::redact(&self.to_string())
+    }
+
+    /// At start: is this something the relay should wait out (a server not up yet, a database not
+    /// created yet) rather than exit on? Credentials refused, TLS verification failed, a missing
+    /// schema or stream and invalid settings are not: waiting cannot heal them.
+    pub(crate) fn heals_by_waiting(&self) -> bool {
+        match &*self.0 {
+            Repr::Database(e) => {
+                if is_tls_failure(e) {
+                    return false;
+                }
+                match e.code() {
+                    // The database may not be created yet; everything else of the server's own
+                    // (authentication, permissions) is for the operator. Class 53 (too many
+                    // connections, out of memory or disk) passes too.
+                    Some(code) => {
+                        *code == SqlState::INVALID_CATALOG_NAME
+                            || code.code().starts_with("53")
+                            || is_transient_db_error(e)
+                    }
+                    None => true,
+                }
+            }
+            Repr::BrokerConnect(_)
+            | Repr::BrokerUnavailable(_)
+            | Repr::Timeout(..)
+            | Repr::Io(_) => true,
+            _ => false,
+        }
     }
 }
 
-/// At start: is this something the relay should wait out (a server not up yet, a database not
-/// created yet) rather than exit on? Credentials refused, TLS verification failed, a missing
-/// schema or stream and invalid settings are not: waiting cannot heal them.
-pub(crate) fn heals_by_waiting(e: &Error) -> bool {
-    match e {
-        Error::Database(e) => {
-            if is_tls_failure(e) {
-                return false;
-            }
-            match e.code() {
-                // The database may not be created yet; everything else of the server's own
-                // (authentication, permissions) is for the operator.
-                // Class 53 (too many connections, out of memory or disk) passes too.
-                Some(code) => {
-                    *code == tokio_postgres::error::SqlState::INVALID_CATALOG_NAME
-                        || code.code().starts_with("53")
-                        || is_transient_db_error(e)
-                }
-                None => true,
-            }
-        }
-        Error::NatsConnect(_) | Error::BrokerUnavailable(_) | Error::Timeout(..) | Error::Io(_) => {
-            true
-        }
-        _ => false,
+use tokio_postgres::error::SqlState;
+
+fn sqlstate(e: &Error) -> Option<&str> {
+    e.as_db_error().and_then(|e| e.code()).map(SqlState::code)
+}
+
+/// The one SQLSTATE classifier of both writer APIs (tokio-postgres and sqlx): connection loss,
+/// shutdown, serialization failures, lock and statement timeouts — the statement may succeed on
+/// a new try.
+pub(crate) fn is_transient_sqlstate(code: &str) -> bool {
+    const TRANSIENT: [&str; 7] = [
+        "40001", // serialization_failure
+        "40P01", // deadlock_detected
+        "57P01", // admin_shutdown
+        "57P02", // crash_shutdown
+        "57P03", // cannot_connect_now
+        "55P03", // lock_not_available
+        "57014", // query_canceled
+    ];
+    TRANSIENT.contains(&code) || code.starts_with("08") // connection exceptions
+}
+
+/// Connection loss, or a transient SQLSTATE.
+fn is_transient_db_error(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    match e.code() {
+        None => true, // I/O or protocol level: the connection is gone
+        Some(code) => is_transient_sqlstate(code.code()),
     }
 }
 
@@ -155,25 +337,103 @@ fn describe_db_error(e: &tokio_postgres::Error) -> String {
     out
 }
 
-/// Connection loss, shutdown, serialization failures: the statement may succeed on a new try.
-fn is_transient_db_error(e: &tokio_postgres::Error) -> bool {
-    use tokio_postgres::error::SqlState;
-    if e.is_closed() {
-        return true;
+/// `Result` with the library's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_and_predicates() {
+        let cases = [
+            (
+                Error::config("batch_size", "x"),
+                ErrorKind::Config,
+                false,
+                true,
+            ),
+            (
+                Error::invalid_event("x"),
+                ErrorKind::InvalidEvent,
+                false,
+                true,
+            ),
+            (
+                Error::schema_missing(Some(1), 2),
+                ErrorKind::SchemaMissing,
+                false,
+                false,
+            ),
+            (
+                Error::sqlx("x".into(), true),
+                ErrorKind::Database,
+                true,
+                false,
+            ),
+            (
+                Error::sqlx("x".into(), false),
+                ErrorKind::Database,
+                false,
+                false,
+            ),
+            (
+                Error::broker_connect("x"),
+                ErrorKind::BrokerConnect,
+                true,
+                false,
+            ),
+            (Error::refused("x"), ErrorKind::Refused, false, false),
+            (Error::stream("x"), ErrorKind::Stream, false, false),
+            (
+                Error::broker_unavailable("x"),
+                ErrorKind::BrokerUnavailable,
+                true,
+                false,
+            ),
+            (
+                Error::timeout(Duration::from_secs(1), "x"),
+                ErrorKind::Timeout,
+                true,
+                false,
+            ),
+            (Error::not_found("x"), ErrorKind::NotFound, false, false),
+            (
+                Error::from(std::io::Error::other("x")),
+                ErrorKind::Io,
+                true,
+                false,
+            ),
+        ];
+        for (e, kind, retryable, usage) in cases {
+            assert_eq!(e.kind(), kind, "{e}");
+            assert_eq!(e.is_retryable(), retryable, "{e}");
+            assert_eq!(e.is_usage(), usage, "{e}");
+            assert_eq!(e.is_not_found(), kind == ErrorKind::NotFound, "{e}");
+            assert_eq!(
+                e.is_broker_unavailable(),
+                kind == ErrorKind::BrokerUnavailable
+            );
+            assert!(!e.is_prepared_statement_lost());
+        }
+        assert_eq!(
+            Error::config("batch_size", "must be between 1 and 10000").config_field(),
+            Some(("batch_size", "must be between 1 and 10000"))
+        );
+        assert_eq!(Error::invalid_event("x").config_field(), None);
     }
-    match e.code() {
-        None => true, // I/O or protocol level: the connection is gone
-        Some(code) => {
-            *code == SqlState::T_R_SERIALIZATION_FAILURE
-                || *code == SqlState::T_R_DEADLOCK_DETECTED
-                || *code == SqlState::ADMIN_SHUTDOWN
-                || *code == SqlState::CRASH_SHUTDOWN
-                || *code == SqlState::CANNOT_CONNECT_NOW
-                || *code == SqlState::LOCK_NOT_AVAILABLE
-                || *code == SqlState::QUERY_CANCELED
-                || code.code().starts_with("08")
+
+    #[test]
+    fn transient_sqlstates() {
+        for code in [
+            "40001", "40P01", "57P01", "57P02", "57P03", "55P03", "57014", "08006", "08001",
+        ] {
+            assert!(is_transient_sqlstate(code), "{code}");
+        }
+        for code in [
+            "23505", "42P01", "42501", "28P01", "53300", "22P02", "25P02",
+        ] {
+            assert!(!is_transient_sqlstate(code), "{code}");
         }
     }
 }
-
-pub type Result<T, E = Error> = std::result::Result<T, E>;

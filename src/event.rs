@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 
 /// Column limits of `outbox_events` (see sql/migrations).
 pub const MAX_EVENT_TYPE_LEN: usize = 100;
+/// Longest `aggregate_type` / `aggregate_id`, in bytes.
 pub const MAX_AGGREGATE_LEN: usize = 255;
 
 /// JetStream stores a message's header block with a 16-bit length: every stream refuses a block
@@ -21,9 +22,13 @@ pub const MAX_HEADER_BLOCK_BYTES: usize = 65_535;
 /// An event to write into the outbox inside the application's transaction.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewEvent {
+    /// What kind of thing the event is about (`order`); with `aggregate_id`, the unit of ordering.
     pub aggregate_type: String,
+    /// Which one (`42`).
     pub aggregate_id: String,
+    /// What happened (`order.created`): the last part of the subject.
     pub event_type: String,
+    /// The event's body, published as JSON.
     pub payload: serde_json::Value,
     /// Extra NATS headers published with the event (for example a W3C `traceparent`).
     pub headers: BTreeMap<String, String>,
@@ -39,7 +44,7 @@ impl NewEvent {
         payload: &impl serde::Serialize,
     ) -> Result<Self> {
         let payload = serde_json::to_value(payload)
-            .map_err(|e| Error::InvalidEvent(format!("payload is not serializable: {e}")))?;
+            .map_err(|e| Error::invalid_event(format!("payload is not serializable: {e}")))?;
         Ok(NewEvent {
             aggregate_type: aggregate_type.into(),
             aggregate_id: aggregate_id.into(),
@@ -80,17 +85,24 @@ impl NewEvent {
 /// A claimed outbox row, as the relay publishes it.
 #[derive(Debug, Clone)]
 pub struct OutboxEvent {
+    /// The row's id: `Outbox-Event-Id` and `Nats-Msg-Id`.
     pub id: Uuid,
+    /// Commit-independent position: the order within an aggregate.
     pub seq: i64,
+    /// See [`NewEvent::aggregate_type`].
     pub aggregate_type: String,
+    /// See [`NewEvent::aggregate_id`].
     pub aggregate_id: String,
+    /// See [`NewEvent::event_type`].
     pub event_type: String,
     /// The JSON payload as PostgreSQL renders it: published as is, never re-serialized. Held once
     /// (the publish shares these bytes).
     pub payload: Bytes,
+    /// The row's own headers (`traceparent`, ...), published after the outbox's.
     pub headers: BTreeMap<String, String>,
     /// Attempts spent before this one (rows written by raw SQL may hold any number).
     pub attempts: i32,
+    /// When the row was written (the writer's `now()`).
     pub created_at: Timestamp,
     /// Why the row cannot be published as it is, found while reading it (headers that are not a
     /// JSON object, text that is not UTF-8): [`OutboxEvent::validate`] refuses it.
@@ -101,10 +113,10 @@ impl OutboxEvent {
     /// Rows written with plain SQL never went through [`NewEvent::validate`]; check them the same way.
     pub fn validate(&self) -> Result<()> {
         if let Some(defect) = &self.defect {
-            return Err(Error::InvalidEvent(defect.clone()));
+            return Err(Error::invalid_event(defect.clone()));
         }
         if let Err(why) = self.created_at.rfc3339() {
-            return Err(Error::InvalidEvent(format!(
+            return Err(Error::invalid_event(format!(
                 "created_at {} cannot be sent as an RFC 3339 date: {why}",
                 self.created_at
             )));
@@ -124,20 +136,20 @@ impl OutboxEvent {
 
 fn validate_name(field: &str, value: &str, max: usize) -> Result<()> {
     if value.is_empty() {
-        return Err(Error::InvalidEvent(format!("{field} is empty")));
+        return Err(Error::invalid_event(format!("{field} is empty")));
     }
     if value.chars().count() > max {
-        return Err(Error::InvalidEvent(format!(
+        return Err(Error::invalid_event(format!(
             "{field} is longer than {max} characters"
         )));
     }
     if value.chars().any(char::is_control) {
-        return Err(Error::InvalidEvent(format!(
+        return Err(Error::invalid_event(format!(
             "{field} contains a control character (it is sent as a NATS header)"
         )));
     }
     if value.trim() != value {
-        return Err(Error::InvalidEvent(format!(
+        return Err(Error::invalid_event(format!(
             "{field} has leading or trailing whitespace (NATS header values are trimmed on receipt)"
         )));
     }
@@ -155,8 +167,8 @@ fn validate_payload(payload: &serde_json::Value) -> Result<()> {
         }
     }
     if has_nul(payload) {
-        return Err(Error::InvalidEvent(
-            "payload contains a NUL character, which PostgreSQL's jsonb cannot store".into(),
+        return Err(Error::invalid_event(
+            "payload contains a NUL character, which PostgreSQL's jsonb cannot store",
         ));
     }
     Ok(())
@@ -168,7 +180,7 @@ pub fn validate_event_type(event_type: &str) -> Result<()> {
     validate_name("event_type", event_type, MAX_EVENT_TYPE_LEN)?;
     for token in event_type.split('.') {
         if token.is_empty() {
-            return Err(Error::InvalidEvent(format!(
+            return Err(Error::invalid_event(format!(
                 "event_type {event_type:?} has an empty subject token"
             )));
         }
@@ -176,7 +188,7 @@ pub fn validate_event_type(event_type: &str) -> Result<()> {
             .chars()
             .find(|c| !c.is_ascii_graphic() || *c == '*' || *c == '>')
         {
-            return Err(Error::InvalidEvent(format!(
+            return Err(Error::invalid_event(format!(
                 "event_type {event_type:?} contains {c:?}, which cannot appear in a NATS subject token"
             )));
         }
@@ -186,40 +198,38 @@ pub fn validate_event_type(event_type: &str) -> Result<()> {
 
 /// The subject prefix follows the same token rules as an event type.
 pub fn validate_subject_prefix(prefix: &str) -> Result<()> {
-    validate_event_type(prefix).map_err(|e| match e {
-        Error::InvalidEvent(m) => {
-            Error::config("subject_prefix", m.replace("event_type", "prefix"))
-        }
-        other => other,
+    validate_event_type(prefix).map_err(|e| match e.invalid_event_message() {
+        Some(m) => Error::config("subject_prefix", m.replace("event_type", "prefix")),
+        None => e,
     })
 }
 
 fn validate_headers(headers: &BTreeMap<String, String>) -> Result<()> {
     for (name, value) in headers {
         if name.is_empty() || !name.chars().all(|c| c.is_ascii_graphic() && c != ':') {
-            return Err(Error::InvalidEvent(format!(
+            return Err(Error::invalid_event(format!(
                 "header name {name:?} is not a valid NATS header name"
             )));
         }
         let lower = name.to_ascii_lowercase();
         if lower.starts_with("nats-") || lower.starts_with("outbox-") {
             // Nats-* are JetStream controls (Msg-Id, Expected-*, Rollup...): never from an event.
-            return Err(Error::InvalidEvent(format!(
+            return Err(Error::invalid_event(format!(
                 "header {name:?} is reserved (Nats-* and Outbox-* are set by the relay)"
             )));
         }
         if lower == "traceparent" && !is_traceparent(value) {
-            return Err(Error::InvalidEvent(format!(
+            return Err(Error::invalid_event(format!(
                 "traceparent {value:?} is not a W3C trace context (00-<32 hex>-<16 hex>-<2 hex>)"
             )));
         }
         if value.chars().any(|c| c.is_control() && c != '\t') {
-            return Err(Error::InvalidEvent(format!(
+            return Err(Error::invalid_event(format!(
                 "header {name:?} has a control character (line break, NUL...) in its value"
             )));
         }
         if value.trim() != value {
-            return Err(Error::InvalidEvent(format!(
+            return Err(Error::invalid_event(format!(
                 "header {name:?} has leading or trailing whitespace (trimmed on receipt)"
             )));
         }
@@ -255,7 +265,7 @@ fn validate_header_block(
     let own: usize = headers.iter().map(|(n, v)| line(n, v.len())).sum();
     let size = "NATS/1.0\r\n".len() + relay + own + "\r\n".len();
     if size > MAX_HEADER_BLOCK_BYTES {
-        return Err(Error::InvalidEvent(format!(
+        return Err(Error::invalid_event(format!(
             "headers take {size} bytes with the relay's own, more than the {MAX_HEADER_BLOCK_BYTES} \
              JetStream stores"
         )));

@@ -4,32 +4,44 @@
 //! [`Relay`] publishes every committed event to JetStream at least once (exactly once into the
 //! stream within its duplicate window, thanks to `Nats-Msg-Id`), in order per aggregate.
 //!
-//! Module map:
+//! Public (what an application embedding the relay or writing events needs):
 //! - [`event`]: `NewEvent` (what writers enqueue), `OutboxEvent` (what the relay publishes), and the
-//!   subject/header rules both obey.
-//! - [`writer`]: `enqueue` / `enqueue_many`, for any tokio-postgres `GenericClient`.
+//!   subject/header rules both obey. [`wire`]: the header names consumers read.
+//! - [`writer`]: `enqueue` / `enqueue_many`, for any tokio-postgres `GenericClient`; `sqlx`
+//!   (feature `sqlx`): the same for sqlx executors.
 //! - [`consumer`]: `process_once` for idempotent consumers.
 //! - [`migrate`]: the versioned schema in `sql/migrations`.
 //! - [`config`]: `RelayConfig` with defaults and `validate()`.
-//! - [`relay`]: the batch loop (claim, publish, record, commit).
-//! - `store` (private): every relay query against PostgreSQL (`sql/queries`).
-//! - `publisher` (mostly private): everything NATS.
-//! - `listener` (private): LISTEN/NOTIFY, reconnects, arming of the notify trigger.
+//! - [`Relay`]: runs the relay in the application's runtime; [`HealthReport`] and [`metrics`] for
+//!   its health checks and `/metrics`.
 //! - [`ops`]: status, dead letters, cleanup (the operator CLI and the relay's periodic tasks).
-//! - [`metrics`]: Prometheus metrics; `http` serves them with health endpoints.
-//! - [`db`]: connections and secret redaction; [`tls`]: libpq `sslmode` over rustls.
-//! - [`timestamp`]: PostgreSQL timestamps of any value (before 1970, infinities) without panics.
-//! - `sqlx` (feature `sqlx`): `enqueue` for sqlx executors; `otel` (feature `otel`): trace context
+//! - [`error`]: the opaque [`Error`] with [`ErrorKind`] and predicates; [`connect`] and [`redact`]
+//!   (connections as the relay makes them; connection strings with passwords hidden).
+//!
+//! Private (the relay's inside):
+//! - `relay`: `Relay` (start-up, side tasks, hand-over), `relay::processor` (drain, arm, wait,
+//!   drain), `relay::batch` (claim, publish, settle, record).
+//! - `policy`: the retry and dead-letter rules as pure functions.
+//! - `signals`: wake reasons and the arming state machine between processor and listener.
+//! - `health`: what the relay knows about its connections.
+//! - `store`: every relay query against PostgreSQL (`sql/queries`); `publisher`: everything NATS.
+//! - `listener`: LISTEN/NOTIFY, reconnects, arming of the notify trigger.
+//! - `http`: `/metrics`, `/healthz`, `/readyz`; `background`: gauges and `--retention` cleanup.
+//! - `db`, `tls`: connections, libpq connection strings, `sslmode` over rustls; `timestamp`:
+//!   PostgreSQL timestamps of any value without panics; `otel` (feature `otel`): trace context
 //!   from the current tracing span.
 //!
 //! See docs/ARCHITECTURE.md for how the pieces fit.
 
+#![warn(missing_docs)]
+
 mod background;
 pub mod config;
 pub mod consumer;
-pub mod db;
+mod db;
 pub mod error;
 pub mod event;
+mod health;
 mod http;
 mod listener;
 pub mod metrics;
@@ -37,18 +49,24 @@ pub mod migrate;
 pub mod ops;
 #[cfg(feature = "otel")]
 mod otel;
-pub mod publisher;
-pub mod relay;
+mod policy;
+mod publisher;
+mod relay;
+mod signals;
 #[cfg(feature = "sqlx")]
 pub mod sqlx;
 mod store;
-pub mod timestamp;
-pub mod tls;
+mod timestamp;
+mod tls;
+pub mod wire;
 pub mod writer;
 
 pub use config::{NotifyMode, Ordering, RelayConfig};
 pub use consumer::process_once;
-pub use error::{Error, Result};
+pub use db::{connect, redact};
+pub use error::{Error, ErrorKind, Result};
 pub use event::{NewEvent, OutboxEvent};
+pub use health::HealthReport;
 pub use relay::Relay;
+pub use timestamp::Timestamp;
 pub use writer::{enqueue, enqueue_many};

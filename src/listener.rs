@@ -1,20 +1,20 @@
-//! The LISTEN connection: wakes the batch processor on `NOTIFY outbox_event`, reconnects with
-//! backoff, and "arms" the writers' trigger while the relay is idle (see `outbox_events_notify` in
-//! sql/migrations). The processor and the listener talk through [`Signals`].
+//! The LISTEN connection: wakes the batch processor on the outbox's notifications, reconnects
+//! with backoff, and "arms" the writers' trigger while the relay is idle (see
+//! `outbox_events_notify` in sql/migrations). The processor and the listener talk through
+//! [`Signals`]; the arming rules are its state machine ([`crate::signals::Arming`]).
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use backoff::backoff::Backoff;
 use futures::StreamExt;
-use tokio::sync::Notify;
 use tokio_postgres::{AsyncMessage, Client, Statement};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::NotifyMode;
 use crate::error::{Error, Result};
+use crate::health::Health;
 use crate::metrics::Metrics;
+use crate::signals::{ArmStep, Arming, Signals, Wake};
 
 const LISTEN: &str = include_str!("../sql/queries/listen.sql");
 const ARM: &str = include_str!("../sql/queries/arm.sql");
@@ -32,42 +32,6 @@ const COVERED_RECHECK: Duration = Duration::from_secs(1);
 const PING_INTERVAL: Duration = Duration::from_secs(5);
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Why the processor was woken.
-pub(crate) mod reason {
-    pub const NOTIFY: u8 = 1;
-    /// The listener armed: a catch-up poll is due (writers that skipped notifying have committed).
-    pub const ARMED: u8 = 2;
-    /// Arming is delayed by a long writer transaction: poll meanwhile.
-    pub const POLL: u8 = 4;
-    pub const RECONNECT: u8 = 8;
-}
-
-/// Wake-ups towards the processor and arm requests towards the listener. `Notify` keeps at most
-/// one permit, so a burst of notifications costs one poll.
-#[derive(Default)]
-pub(crate) struct Signals {
-    pub wake: Notify,
-    reasons: AtomicU8,
-    pub arm: Notify,
-    /// A notification arrived: the listener disarms (writers stop paying while we drain).
-    notified: Notify,
-    pub listener_connected: AtomicBool,
-    /// The last periodic database check succeeded (for /readyz).
-    pub database_ok: AtomicBool,
-}
-
-impl Signals {
-    pub fn wake(&self, reason: u8) {
-        self.reasons.fetch_or(reason, AtomicOrdering::AcqRel);
-        self.wake.notify_one();
-    }
-
-    /// Reasons gathered since the last call.
-    pub fn take_reasons(&self) -> u8 {
-        self.reasons.swap(0, AtomicOrdering::AcqRel)
-    }
-}
-
 /// A listening connection with this outbox's arming key and statements.
 struct Connected {
     client: Client,
@@ -78,9 +42,10 @@ struct Connected {
 }
 
 pub(crate) struct Listener {
+    /// The LISTEN connection's URL, with the schema in its session (never pooled).
     pub url: String,
-    pub mode: NotifyMode,
     pub signals: Arc<Signals>,
+    pub health: Arc<Health>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -88,12 +53,7 @@ impl Listener {
     /// Runs until `shutdown`: connect, LISTEN, wake the processor for a catch-up poll, serve, and on
     /// any loss reconnect with exponential backoff and jitter.
     pub async fn run(self, shutdown: CancellationToken) {
-        let mut backoff = backoff::ExponentialBackoffBuilder::new()
-            .with_initial_interval(Duration::from_millis(100))
-            .with_max_interval(Duration::from_secs(10))
-            .with_randomization_factor(0.3)
-            .with_max_elapsed_time(None)
-            .build();
+        let mut backoff = crate::policy::reconnect_backoff();
         let mut first = true;
         loop {
             let result = tokio::select! {
@@ -107,11 +67,12 @@ impl Listener {
                         self.metrics.listener_reconnects.inc();
                     }
                     first = false;
-                    self.set_connected(true);
+                    self.health.set_listener(true);
                     // LISTEN is in place: anything committed before it is found by this poll.
-                    self.signals.wake(reason::RECONNECT);
+                    self.signals.wake(Wake::Reconnect);
                     let end = self.serve(&conn, closed, &shutdown).await;
-                    self.set_connected(false);
+                    self.health.set_listener(false);
+                    self.signals.update_arming(Arming::lost);
                     match end {
                         Ok(()) => return,
                         Err(e) => {
@@ -129,13 +90,6 @@ impl Listener {
         }
     }
 
-    fn set_connected(&self, up: bool) {
-        self.signals
-            .listener_connected
-            .store(up, AtomicOrdering::Release);
-        self.metrics.listener_connected.set(i64::from(up));
-    }
-
     /// Connects and LISTENs. The connection is driven by its own task, which reads notifications
     /// continuously (also while a batch runs) and wakes the processor directly.
     async fn connect(&self) -> Result<(Connected, tokio::sync::oneshot::Receiver<String>)> {
@@ -148,10 +102,7 @@ impl Listener {
             let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
             let why = loop {
                 match messages.next().await {
-                    Some(Ok(AsyncMessage::Notification(_))) => {
-                        signals.wake(reason::NOTIFY);
-                        signals.notified.notify_one();
-                    }
+                    Some(Ok(AsyncMessage::Notification(_))) => signals.notification(),
                     Some(Ok(_)) => {}
                     Some(Err(e)) => break e.to_string(),
                     None => break "connection closed".to_string(),
@@ -186,22 +137,21 @@ impl Listener {
         ))
     }
 
-    /// Serves one connection until it fails (Err) or shutdown (Ok).
+    /// Serves one connection until it fails (Err) or shutdown (Ok): arms and disarms as the
+    /// state machine says, and pings.
     async fn serve(
         &self,
         conn: &Connected,
         mut closed: tokio::sync::oneshot::Receiver<String>,
         shutdown: &CancellationToken,
     ) -> Result<()> {
-        let mut armed = false;
-        // Some(delay): try arming again after `delay` without waiting for a request.
-        let mut rearm: Option<Duration> = None;
+        // Some(delay): look at the arming state again after `delay` without waiting for a change.
+        let mut recheck: Option<Duration> = None;
         let mut ping = tokio::time::interval(PING_INTERVAL);
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let gated = self.mode == NotifyMode::Gated;
         loop {
             let retry = async {
-                match rearm {
+                match recheck {
                     Some(d) => tokio::time::sleep(d).await,
                     None => std::future::pending().await,
                 }
@@ -210,44 +160,42 @@ impl Listener {
                 _ = shutdown.cancelled() => return Ok(()),
                 why = &mut closed => {
                     let why = why.unwrap_or_else(|_| "connection task ended".into());
-                    return Err(Error::Io(std::io::Error::new(
+                    return Err(Error::from(std::io::Error::new(
                         std::io::ErrorKind::ConnectionAborted,
                         why,
                     )));
                 }
-                _ = self.signals.arm.notified(), if !armed => {
-                    rearm = self.try_arm(conn, &mut armed).await?;
-                }
-                _ = retry, if !armed => {
-                    rearm = self.try_arm(conn, &mut armed).await?;
-                }
-                _ = self.signals.notified.notified(), if armed && gated => {
-                    conn.client.query(&conn.disarm, &[&conn.key]).await?;
-                    armed = false;
-                    rearm = None;
-                    // The permit may be older than this arming; either way the processor must
-                    // drain and ask to arm again, or writers would stop notifying for good.
-                    self.signals.wake(reason::NOTIFY);
-                }
+                _ = self.signals.arming_changed() => {}
+                _ = retry => {}
                 _ = ping.tick() => {
                     match tokio::time::timeout(PING_TIMEOUT, conn.client.simple_query(PING)).await {
                         Ok(Ok(_)) => {}
                         Ok(Err(e)) => return Err(e.into()),
-                        Err(_) => return Err(Error::Timeout(PING_TIMEOUT, "listener ping".into())),
+                        Err(_) => return Err(Error::timeout(PING_TIMEOUT, "listener ping")),
                     }
+                    continue;
                 }
             }
+            recheck = match self.signals.arm_step() {
+                ArmStep::Arm => self.try_arm(conn).await?,
+                ArmStep::Disarm => {
+                    conn.client.query(&conn.disarm, &[&conn.key]).await?;
+                    self.signals.update_arming(Arming::disarmed);
+                    None
+                }
+                ArmStep::Nothing => None,
+            };
         }
     }
 
     /// Takes the arming key. On success the processor gets a catch-up poll; when a long writer
     /// transaction holds it up, the processor polls now and arming is retried at once; when another
     /// relay is armed, its notifications reach us as well, and we check again later.
-    async fn try_arm(&self, conn: &Connected, armed: &mut bool) -> Result<Option<Duration>> {
+    async fn try_arm(&self, conn: &Connected) -> Result<Option<Duration>> {
         match conn.client.query(&conn.arm, &[&conn.key]).await {
             Ok(_) => {
-                *armed = true;
-                self.signals.wake(reason::ARMED);
+                self.signals.update_arming(Arming::armed);
+                self.signals.wake(Wake::Armed);
                 Ok(None)
             }
             Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
@@ -259,7 +207,7 @@ impl Listener {
                 if covered {
                     Ok(Some(COVERED_RECHECK))
                 } else {
-                    self.signals.wake(reason::POLL);
+                    self.signals.wake(Wake::Poll);
                     Ok(Some(Duration::ZERO))
                 }
             }

@@ -6,10 +6,11 @@ mod cli;
 use std::process::ExitCode;
 
 use clap::Parser;
-use outbox_relay::{db, migrate, ops, Error, NotifyMode, Ordering, Relay, RelayConfig};
+use outbox_relay::config::validate_schema;
+use outbox_relay::{migrate, ops, Error, Relay, RelayConfig};
 use tokio_util::sync::CancellationToken;
 
-use cli::{Cli, Command, DeadLettersCommand, LogFormat, NotifyModeArg, OrderingArg, RunArgs};
+use cli::{Cli, Command, DeadLettersCommand, LogFormat, RunArgs};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -36,12 +37,12 @@ fn main() -> ExitCode {
             eprintln!("error: {}", usage_message(&e));
             ExitCode::from(2)
         }
-        Err(e @ Error::NotFound(_)) => {
+        Err(e) if e.is_not_found() => {
             eprintln!("error: {e}");
             ExitCode::from(2)
         }
         Err(e) => {
-            eprintln!("error: {}", db::redact(&e.to_string()));
+            eprintln!("error: {}", e.redacted());
             ExitCode::from(1)
         }
     }
@@ -49,12 +50,12 @@ fn main() -> ExitCode {
 
 /// Config errors name the library field; users know the flag.
 fn usage_message(e: &Error) -> String {
-    match e {
-        Error::Config { field, message } => {
+    match e.config_field() {
+        Some((field, message)) => {
             let flag = field.replace('_', "-");
             format!("--{flag}: {message}")
         }
-        other => other.to_string(),
+        None => e.to_string(),
     }
 }
 
@@ -74,10 +75,10 @@ fn init_logging(format: LogFormat) {
 fn raw_database_url(cli: &Cli) -> Result<String, Error> {
     match cli.database_url.as_deref().map(str::trim) {
         Some(url) if !url.is_empty() => Ok(url.to_string()),
-        _ => Err(Error::Config {
-            field: "database_url",
-            message: "is required (or set DATABASE_URL)".into(),
-        }),
+        _ => Err(Error::config(
+            "database_url",
+            "is required (or set DATABASE_URL)",
+        )),
     }
 }
 
@@ -86,7 +87,7 @@ fn raw_database_url(cli: &Cli) -> Result<String, Error> {
 /// the relay applies it itself from its config.
 fn schema(cli: &Cli) -> Result<Option<&str>, Error> {
     if let Some(schema) = &cli.schema {
-        db::validate_schema(schema)?;
+        validate_schema(schema)?;
     }
     Ok(cli.schema.as_deref())
 }
@@ -95,7 +96,7 @@ async fn execute(cli: Cli) -> Result<(), Error> {
     match &cli.command {
         Command::Migrate { print: true, .. } => {
             if let Some(schema) = &cli.schema {
-                db::validate_schema(schema)?;
+                validate_schema(schema)?;
             }
             print!("{}", migrate::script(cli.schema.as_deref()));
             Ok(())
@@ -107,7 +108,7 @@ async fn execute(cli: Cli) -> Result<(), Error> {
         } => {
             let url = raw_database_url(&cli)?;
             let schema = schema(&cli)?;
-            let mut client = db::connect(&url, "outbox-relay-migrate").await?;
+            let mut client = outbox_relay::connect(&url, "outbox-relay-migrate").await?;
             let applied = migrate::migrate_in(&mut client, schema).await?;
             for role in grant_writer {
                 migrate::grant_in(&mut client, schema, role, migrate::Grantee::Writer).await?;
@@ -202,7 +203,10 @@ async fn execute(cli: Cli) -> Result<(), Error> {
 async fn connect(cli: &Cli) -> Result<(tokio_postgres::Client, Option<&str>), Error> {
     let url = raw_database_url(cli)?;
     let schema = schema(cli)?;
-    Ok((db::connect(&url, "outbox-relay-cli").await?, schema))
+    Ok((
+        outbox_relay::connect(&url, "outbox-relay-cli").await?,
+        schema,
+    ))
 }
 
 async fn dead_letters(
@@ -268,30 +272,23 @@ async fn run(database_url: String, schema: Option<String>, args: &RunArgs) -> Re
         stream: args.stream.clone(),
         create_stream: args.create_stream,
         subject_prefix: args.subject_prefix.clone(),
-        fallback_interval: args.fallback_interval,
+        fallback_interval: args.fallback_interval.into(),
         batch_size: args.batch_size,
-        max_batch_bytes: args.max_batch_bytes,
+        max_batch_bytes: args.max_batch_bytes.0,
         prepared_statements: args.prepared_statements,
         max_attempts: args.max_attempts,
-        publish_timeout: args.publish_timeout,
-        retry_initial: args.retry_initial,
-        retry_max: args.retry_max,
-        ordering: match args.ordering {
-            OrderingArg::Aggregate => Ordering::Aggregate,
-            OrderingArg::None => Ordering::None,
-        },
-        notify_mode: match args.notify_mode {
-            NotifyModeArg::Gated => NotifyMode::Gated,
-            NotifyModeArg::Always => NotifyMode::Always,
-            NotifyModeArg::Poll => NotifyMode::Poll,
-        },
+        publish_timeout: args.publish_timeout.into(),
+        retry_initial: args.retry_initial.into(),
+        retry_max: args.retry_max.into(),
+        ordering: args.ordering.into(),
+        notify_mode: args.notify_mode.into(),
         retention: args.retention,
         metrics_addr: args.metrics_addr.0,
         ..RelayConfig::default()
     };
-    config.validate()?;
-    tracing::info!(config = %config.redacted(), "starting relay");
+    // Validated once, by the relay.
     let relay = Relay::new(config).await?;
+    tracing::info!(config = %relay.config().redacted(), "starting relay");
     let shutdown = CancellationToken::new();
     let on_signal = shutdown.clone();
     tokio::spawn(async move {

@@ -12,38 +12,58 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+/// The `event_type` label.
 pub struct EventTypeLabel {
+    /// The event's type.
     pub event_type: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+/// Labels of `outbox_events_failed`.
 pub struct FailedLabels {
+    /// The event's type.
     pub event_type: String,
     /// broker / rejected / timeout
     pub reason: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+/// The `reason` label of `outbox_wakeups`.
 pub struct ReasonLabel {
-    /// notify / fallback / backlog / reconnect / armed (the catch-up poll after arming)
+    /// notify / fallback / backlog / reconnect / armed (the catch-up poll after arming) / poll
+    /// (arming waits for a long writer transaction)
     pub reason: &'static str,
 }
 
 /// Every metric of the relay, registered in `registry`.
 pub struct Metrics {
+    /// The registry holding them all (serve it with [`Metrics::encode`]).
     pub registry: Registry,
+    /// `outbox_events_published`
     pub published: Family<EventTypeLabel, Counter>,
+    /// `outbox_events_failed`
     pub failed: Family<FailedLabels, Counter>,
+    /// `outbox_events_dead_lettered`
     pub dead_lettered: Counter,
+    /// `outbox_events_pending`
     pub pending: Gauge,
+    /// `outbox_oldest_pending_age_seconds`
     pub oldest_pending_age_seconds: Gauge<f64, AtomicU64>,
+    /// `outbox_dead_letters`
     pub dead_letters: Gauge,
+    /// `outbox_batch_duration_seconds`
     pub batch_duration: Histogram,
+    /// `outbox_publish_duration_seconds`
     pub publish_duration: Histogram,
+    /// `outbox_commit_to_publish_seconds`
     pub commit_to_publish: Histogram,
+    /// `outbox_wakeups`
     pub wakeups: Family<ReasonLabel, Counter>,
+    /// `outbox_listener_connected`
     pub listener_connected: Gauge,
+    /// `outbox_listener_reconnects`
     pub listener_reconnects: Counter,
+    /// `outbox_broker_connected`
     pub broker_connected: Gauge,
 }
 
@@ -54,6 +74,7 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Every metric, registered and at zero.
     pub fn new() -> Self {
         let mut registry = Registry::default();
         let m = Metrics {
@@ -120,7 +141,7 @@ impl Metrics {
         );
         registry.register(
             "outbox_wakeups",
-            "Wake-ups of the batch processor, by reason (notify, fallback, backlog, reconnect, armed)",
+            "Wake-ups of the batch processor, by reason (notify, fallback, backlog, reconnect, armed, poll)",
             m.wakeups.clone(),
         );
         registry.register(
@@ -146,6 +167,7 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
+    /// Counts a wake-up of the batch processor.
     pub fn wakeup(&self, reason: &'static str) {
         self.wakeups.get_or_create(&ReasonLabel { reason }).inc();
     }

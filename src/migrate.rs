@@ -14,8 +14,11 @@ use crate::ops::transaction_in;
 /// One schema version.
 #[derive(Debug, Clone, Copy)]
 pub struct Migration {
+    /// Applied in version order; recorded in `outbox_schema_migrations`.
     pub version: i32,
+    /// The file name under `sql/migrations`.
     pub name: &'static str,
+    /// The migration's SQL.
     pub sql: &'static str,
 }
 
@@ -164,6 +167,6 @@ pub async fn check_schema<C: GenericClient + Sync>(client: &C) -> Result<()> {
     let need = current_version();
     match found {
         Some(v) if v >= need => Ok(()),
-        found => Err(Error::SchemaMissing { found, need }),
+        found => Err(Error::schema_missing(found, need)),
     }
 }

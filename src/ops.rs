@@ -35,11 +35,13 @@ const BLOCKED_AGGREGATES: &str = include_str!("../sql/queries/blocked_aggregates
 pub struct Status {
     /// Not yet published and not dead-lettered.
     pub pending: i64,
+    /// Age of the oldest pending event (0 when none).
     pub oldest_pending_age_seconds: f64,
     /// Failed at least once, waiting for their next try.
     pub waiting_for_retry: i64,
     /// Of those, due now.
     pub due_for_retry: i64,
+    /// Dead letters waiting for an operator.
     pub dead_letters: i64,
     /// Aggregates whose later events wait behind a dead letter.
     pub blocked_aggregates: i64,
@@ -94,12 +96,17 @@ pub async fn status<C: GenericClient + Sync>(client: &C) -> Result<Status> {
 /// (`dead-letters retry` or `discard` with `event_id`).
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct BlockedAggregate {
+    /// The blocked aggregate's type.
     pub aggregate_type: String,
+    /// The blocked aggregate's id.
     pub aggregate_id: String,
     /// The dead letter at the aggregate's head.
     pub event_id: Uuid,
+    /// The dead letter's event type.
     pub event_type: String,
+    /// Why its last publish failed.
     pub last_error: Option<String>,
+    /// When it was dead-lettered.
     pub dead_lettered_at: Timestamp,
     /// Pending events of the aggregate behind it.
     pub waiting_events: i64,
@@ -131,19 +138,29 @@ pub async fn blocked_aggregates<C: GenericClient + Sync>(
 /// One row of `outbox_dead_letters`.
 #[derive(Debug, Clone, Serialize)]
 pub struct DeadLetter {
+    /// The event's id (what `dead-letters retry|discard` take).
     pub id: Uuid,
+    /// Its place in its aggregate's order.
     pub seq: i64,
+    /// Its aggregate's type.
     pub aggregate_type: String,
+    /// Its aggregate's id.
     pub aggregate_id: String,
+    /// Its event type.
     pub event_type: String,
+    /// Attempts spent.
     pub attempts: i32,
+    /// Why its last publish failed.
     pub last_error: Option<String>,
     /// Any value a row can hold (`-infinity`, dates before 1970): printed, never a panic.
     pub created_at: Timestamp,
+    /// When it was dead-lettered.
     pub dead_lettered_at: Timestamp,
+    /// The payload as JSON text.
     pub payload: String,
 }
 
+/// Up to `limit` dead letters (of `event_type`, if given), oldest first.
 pub async fn dead_letters<C: GenericClient + Sync>(
     client: &C,
     limit: i64,
@@ -259,7 +276,7 @@ async fn change_dead_letters(
             .collect();
         if !missing.is_empty() {
             tx.rollback().await?;
-            return Err(Error::NotFound(format!(
+            return Err(Error::not_found(format!(
                 "not a dead letter (unknown id, or already published or discarded): {}",
                 missing.join(", ")
             )));

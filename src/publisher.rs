@@ -9,11 +9,17 @@ use futures::future::join_all;
 use crate::config::RelayConfig;
 use crate::error::{Error, Result};
 use crate::event::OutboxEvent;
+use crate::policy::FailureKind;
 
+/// The event's id (also sent as `Nats-Msg-Id`).
 pub const HEADER_EVENT_ID: &str = "Outbox-Event-Id";
+/// The event's `aggregate_type`.
 pub const HEADER_AGGREGATE_TYPE: &str = "Outbox-Aggregate-Type";
+/// The event's `aggregate_id`.
 pub const HEADER_AGGREGATE_ID: &str = "Outbox-Aggregate-Id";
+/// The event's `event_type`.
 pub const HEADER_EVENT_TYPE: &str = "Outbox-Event-Type";
+/// When the row was written, RFC 3339.
 pub const HEADER_CREATED_AT: &str = "Outbox-Created-At";
 
 /// Duplicate window of streams created by `--create-stream`.
@@ -41,56 +47,12 @@ pub struct Failure {
 }
 
 impl Failure {
-    fn new(kind: FailureKind, message: impl Into<String>) -> Self {
+    pub(crate) fn new(kind: FailureKind, message: impl Into<String>) -> Self {
         Failure {
             kind,
             message: message.into(),
             no_responders: false,
         }
-    }
-}
-
-/// Who is to blame for a failed publish: it decides whether an attempt is spent. Only failures
-/// that are the event's own spend attempts; the broker's trouble never does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailureKind {
-    /// The event can never be published as it is (invalid subject, header or timestamp): dead-letter
-    /// it at once.
-    Invalid,
-    /// The message is larger than the server's `max_payload` or the stream's maximum message size:
-    /// no retry can help, dead-letter it at once.
-    TooLarge,
-    /// JetStream answers, but refuses this event (no stream listens on its subject): spend an
-    /// attempt, retry with backoff.
-    Rejected,
-    /// No ack in time: the broker is slow, restarting or gone. Not the event's fault.
-    Timeout,
-    /// The broker cannot take messages now (connection lost, no responders while JetStream does
-    /// not answer, storage full, no leader): not the event's fault.
-    Broker,
-}
-
-impl FailureKind {
-    pub fn label(self) -> &'static str {
-        match self {
-            FailureKind::Invalid | FailureKind::TooLarge | FailureKind::Rejected => "rejected",
-            FailureKind::Timeout => "timeout",
-            FailureKind::Broker => "broker",
-        }
-    }
-
-    /// Counts against `max_attempts` (and is recorded in the row's `attempts`): the event's own
-    /// failures do, the broker's trouble never.
-    pub fn spends_attempt(self) -> bool {
-        matches!(
-            self,
-            FailureKind::Invalid | FailureKind::TooLarge | FailureKind::Rejected
-        )
-    }
-
-    /// Dead-letter now, whatever the attempts.
-    pub fn is_permanent(self) -> bool {
-        matches!(self, FailureKind::Invalid | FailureKind::TooLarge)
     }
 }
 
@@ -104,21 +66,36 @@ pub(crate) struct Publisher {
 }
 
 /// Connects to NATS with the credentials and TLS settings of `config`. Fails fast (bounded) when the
-/// server is unreachable or refuses the credentials; afterwards the client reconnects on its own.
-pub async fn connect(config: &RelayConfig) -> Result<async_nats::Client> {
+/// server is unreachable or refuses the credentials; afterwards the client reconnects on its own,
+/// telling `on_link` each time it connects (true) or loses the connection (false).
+pub(crate) async fn connect(
+    config: &RelayConfig,
+    on_link: impl Fn(bool) + Send + Sync + 'static,
+) -> Result<async_nats::Client> {
+    let on_link = std::sync::Arc::new(on_link);
     let mut options = async_nats::ConnectOptions::new()
         .name("outbox-relay")
+        .event_callback(move |event| {
+            let on_link = on_link.clone();
+            async move {
+                match event {
+                    async_nats::Event::Connected => on_link(true),
+                    async_nats::Event::Disconnected => on_link(false),
+                    _ => {}
+                }
+            }
+        })
         .connection_timeout(Duration::from_secs(5))
         .ping_interval(Duration::from_secs(10))
         .max_reconnects(None);
     if let Some(path) = &config.nats_creds {
         options = options.credentials_file(path).await.map_err(|e| {
-            Error::NatsConnect(format!("cannot read creds file {}: {e}", path.display()))
+            Error::broker_connect(format!("cannot read creds file {}: {e}", path.display()))
         })?;
     }
     if let Some(path) = &config.nats_nkey {
         let seed = std::fs::read_to_string(path).map_err(|e| {
-            Error::NatsConnect(format!("cannot read nkey file {}: {e}", path.display()))
+            Error::broker_connect(format!("cannot read nkey file {}: {e}", path.display()))
         })?;
         options = options.nkey(seed.trim().to_string());
     }
@@ -151,9 +128,9 @@ pub async fn connect(config: &RelayConfig) -> Result<async_nats::Client> {
             crate::db::redact(&e.to_string())
         );
         if refused {
-            Error::Refused(format!("NATS {message}"))
+            Error::refused(format!("NATS {message}"))
         } else {
-            Error::NatsConnect(message)
+            Error::broker_connect(message)
         }
     })
 }
@@ -229,7 +206,7 @@ impl Publisher {
             Ok(mut s) => s
                 .info()
                 .await
-                .map_err(|e| Error::BrokerUnavailable(e.to_string()))?
+                .map_err(|e| Error::broker_unavailable(e.to_string()))?
                 .clone(),
             Err(e) if config.create_stream && is_not_found(&e) => {
                 let window = MIN_DUPLICATE_WINDOW.max(config.longest_redelivery_gap());
@@ -251,25 +228,25 @@ impl Publisher {
                             e.kind(),
                             jetstream::context::CreateStreamErrorKind::JetStream(_)
                         ) {
-                            Error::Stream(message)
+                            Error::stream(message)
                         } else {
-                            Error::BrokerUnavailable(message)
+                            Error::broker_unavailable(message)
                         }
                     })?;
                 s.info()
                     .await
-                    .map_err(|e| Error::BrokerUnavailable(e.to_string()))?
+                    .map_err(|e| Error::broker_unavailable(e.to_string()))?
                     .clone()
             }
             Err(e) if is_not_found(&e) => {
-                return Err(Error::Stream(format!(
+                return Err(Error::stream(format!(
                     "stream {} does not exist: create it, or pass --create-stream",
                     self.stream
                 )))
             }
             Err(e) => {
                 // No answer from JetStream (starting, no leader yet): wait for it.
-                return Err(Error::BrokerUnavailable(format!(
+                return Err(Error::broker_unavailable(format!(
                     "cannot look up stream {}: {e}",
                     self.stream
                 )));

@@ -18,7 +18,7 @@
 use ::sqlx::postgres::{PgDatabaseError, PgExecutor};
 use uuid::Uuid;
 
-use crate::error::{Error, Result};
+use crate::error::{is_transient_sqlstate, Error, Result};
 use crate::event::NewEvent;
 use crate::writer::Columns;
 
@@ -81,7 +81,7 @@ fn sqlx_error(e: ::sqlx::Error) -> Error {
         },
         other => other.to_string(),
     };
-    Error::Sqlx { message, retryable }
+    Error::sqlx(message, retryable)
 }
 
 /// Connection loss, shutdown, serialization failures: the statement may succeed on a new try.
@@ -97,34 +97,9 @@ fn is_transient(e: &::sqlx::Error) -> bool {
     }
 }
 
-fn is_transient_sqlstate(code: &str) -> bool {
-    matches!(
-        code,
-        "40001" // serialization_failure
-            | "40P01" // deadlock_detected
-            | "57P01" // admin_shutdown
-            | "57P02" // crash_shutdown
-            | "57P03" // cannot_connect_now
-            | "55P03" // lock_not_available
-            | "57014" // query_canceled
-    ) || code.starts_with("08") // connection exceptions
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn classifies_sqlstates_like_the_tokio_postgres_path() {
-        for code in [
-            "40001", "40P01", "57P01", "57P02", "57P03", "55P03", "57014", "08006",
-        ] {
-            assert!(is_transient_sqlstate(code), "{code}");
-        }
-        for code in ["42P01", "42501", "23505", "22P02", "25P02"] {
-            assert!(!is_transient_sqlstate(code), "{code}");
-        }
-    }
 
     #[test]
     fn maps_driver_errors() {

@@ -25,10 +25,12 @@ pub struct Timestamp {
 }
 
 impl Timestamp {
+    /// The current time.
     pub fn now() -> Timestamp {
         Timestamp::from(SystemTime::now())
     }
 
+    /// Not `infinity` or `-infinity`.
     pub fn is_finite(self) -> bool {
         self.pg_micros != i64::MAX && self.pg_micros != i64::MIN
     }

@@ -525,7 +525,7 @@ mod tests {
             .client_config("listen_database_url")
             .expect_err("missing files");
         assert!(
-            matches!(&err, Error::Config { field: "listen_database_url", message } if message.contains("sslcert")),
+            matches!(err.config_field(), Some(("listen_database_url", message)) if message.contains("sslcert")),
             "{err}"
         );
         // Without TLS the files are not needed.

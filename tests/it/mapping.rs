@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::SystemTime;
 
 use async_nats::{HeaderName, HeaderValue, Subject};
-use outbox_relay::publisher::{
+use outbox_relay::wire::{
     headers, HEADER_AGGREGATE_ID, HEADER_AGGREGATE_TYPE, HEADER_CREATED_AT, HEADER_EVENT_ID,
     HEADER_EVENT_TYPE,
 };

@@ -165,12 +165,12 @@ async fn invalid_events_are_refused_before_the_database() {
     let err = enqueue(&client, &bad)
         .await
         .expect_err("wildcard subject refused");
-    assert!(matches!(err, outbox_relay::Error::InvalidEvent(_)), "{err}");
+    assert!(err.kind() == outbox_relay::ErrorKind::InvalidEvent, "{err}");
     let good = NewEvent::new("order", "1", "ok", &json!({})).expect("event");
     let err = enqueue_many(&client, &[good, bad])
         .await
         .expect_err("one bad event refuses all");
-    assert!(matches!(err, outbox_relay::Error::InvalidEvent(_)));
+    assert!(err.kind() == outbox_relay::ErrorKind::InvalidEvent);
     assert_eq!(env.count("true").await, 0);
 }
 

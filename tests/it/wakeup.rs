@@ -123,3 +123,115 @@ async fn a_long_writer_transaction_does_not_delay_other_events_to_the_fallback()
     env.wait_stream_len(3_021, Duration::from_secs(5)).await;
     relay.stop().await;
 }
+
+/// Is this outbox's arming key held (by any relay of this database)?
+async fn armed(client: &tokio_postgres::Client) -> bool {
+    client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks l, outbox_wakeup() w
+                 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+                   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                   AND l.classid::bigint = (w.lock_key >> 32) & 4294967295
+                   AND l.objid::bigint = w.lock_key & 4294967295)",
+            &[],
+        )
+        .await
+        .expect("arming state")
+        .get(0)
+}
+
+/// The first notification disarms the trigger until the relay is idle again: while it drains
+/// (here: held up publishing to a paused broker), writers do not notify. Before the arming state
+/// machine, the processor's arm request left over from its catch-up poll re-armed the listener
+/// right after the disarm, so the next writer notified again while the relay was busy.
+#[tokio::test]
+async fn writers_do_not_notify_while_the_relay_drains() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+
+    let env = Env::new().await;
+    let mut config = env.config(); // fallback 60 s
+    config.publish_timeout = Duration::from_secs(60);
+    let relay = env.spawn(config).await;
+    let observer = env.client().await;
+    testkit::wait_until("the idle relay armed", Duration::from_secs(15), || async {
+        armed(&observer).await
+    })
+    .await;
+
+    // Count what writers send on this outbox's channel, with a marker of our own at the end:
+    // notifications arrive in commit order, so once the marker is here every earlier one is too.
+    let (listener, mut connection) = tokio_postgres::connect(&env.db, tokio_postgres::NoTls)
+        .await
+        .expect("listener");
+    let (tx, mut notifications) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(m)) = messages.next().await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                let _ = tx.send(n.payload().to_string());
+            }
+        }
+    });
+    let channel: String = listener
+        .query_one("SELECT channel FROM outbox_wakeup()", &[])
+        .await
+        .expect("channel")
+        .get(0);
+    listener
+        .batch_execute(&format!("LISTEN \"{channel}\""))
+        .await
+        .expect("listen");
+
+    let nats_pid = Pid::from_raw(env.nats.pid().expect("nats pid") as i32);
+    kill(nats_pid, Signal::SIGSTOP).expect("pause nats-server");
+    let commits: Commits = Arc::default();
+    let mut writer = env.client().await;
+    write_one(&mut writer, "first", &commits).await;
+    // The relay woke and holds the first event: its batch transaction stays open while the
+    // publish waits for the paused broker. (Probing the row with a lock of our own could make the
+    // relay's SKIP LOCKED claim miss it.)
+    testkit::wait_until(
+        "the first event claimed",
+        Duration::from_secs(10),
+        || async {
+            let open: i64 = observer
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND application_name = 'outbox-relay'
+                   AND state = 'idle in transaction'",
+                    &[],
+                )
+                .await
+                .expect("probe")
+                .get(0);
+            open > 0
+        },
+    )
+    .await;
+    for i in 0..10 {
+        write_one(&mut writer, &format!("busy-{i}"), &commits).await;
+    }
+    observer
+        .batch_execute(&format!("NOTIFY \"{channel}\", 'marker'"))
+        .await
+        .expect("marker");
+    let mut from_writers = 0;
+    loop {
+        let payload = tokio::time::timeout(Duration::from_secs(10), notifications.recv())
+            .await
+            .expect("the marker arrives")
+            .expect("listener open");
+        if payload == "marker" {
+            break;
+        }
+        from_writers += 1;
+    }
+    kill(nats_pid, Signal::SIGCONT).expect("resume nats-server");
+    assert_eq!(
+        from_writers, 1,
+        "only the first writer (relay idle and armed) notifies; the ten that commit while it drains do not"
+    );
+    env.wait_stream_len(11, Duration::from_secs(90)).await;
+    relay.stop().await;
+}

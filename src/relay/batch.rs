@@ -1,0 +1,421 @@
+//! One batch: claim, publish, settle the outcomes under the retry policy, record, commit.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use uuid::Uuid;
+
+use crate::config::RelayConfig;
+use crate::error::{Error, Result};
+use crate::event::OutboxEvent;
+use crate::metrics::{EventTypeLabel, FailedLabels, Metrics};
+use crate::policy::{is_broker_outage, FailureKind, RetryPolicy, Verdict};
+use crate::publisher::{Outcome, Publisher};
+use crate::store::{Failure, Store};
+
+/// What one batch (or two in flight together) did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BatchReport {
+    pub claimed: usize,
+    /// The claim stopped at a limit: more rows are probably waiting.
+    pub full: bool,
+    pub published: usize,
+    pub failed: usize,
+    /// Failures that were the broker's trouble (no attempt spent): back off before the next batch.
+    pub broker_failures: usize,
+    /// Earliest retry time among rows that failed and will be retried.
+    pub next_retry: Option<Duration>,
+}
+
+impl BatchReport {
+    /// Two batches run side by side: full if either was full, empty only if both were.
+    pub fn merge(self, other: BatchReport) -> BatchReport {
+        BatchReport {
+            claimed: self.claimed.max(other.claimed),
+            full: self.full || other.full,
+            published: self.published + other.published,
+            failed: self.failed + other.failed,
+            broker_failures: self.broker_failures + other.broker_failures,
+            next_retry: earliest(self.next_retry, other.next_retry),
+        }
+    }
+}
+
+fn earliest(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// One event's settled outcome, for metrics and logs.
+pub(crate) enum Settled<'a> {
+    Published {
+        event: &'a OutboxEvent,
+        duplicate: bool,
+        acked_at: SystemTime,
+    },
+    Failed {
+        event: &'a OutboxEvent,
+        kind: FailureKind,
+        message: &'a str,
+        verdict: Verdict,
+    },
+}
+
+/// What a batch records: the rows to keep marked, the failures, and the report.
+pub(crate) struct Settlement {
+    pub published: Vec<Uuid>,
+    pub failures: Vec<Failure>,
+    pub report: BatchReport,
+}
+
+/// Applies the retry policy to each outcome of `groups` (the claim, in publish order), telling
+/// `observe` about each event settled. Held-back events (an earlier one of their aggregate failed)
+/// are neither published nor failed: the record puts them back as they were.
+pub(crate) fn settle<'a>(
+    policy: &RetryPolicy,
+    groups: &'a [Vec<OutboxEvent>],
+    outcomes: &'a [Vec<Outcome>],
+    mut observe: impl FnMut(Settled<'a>),
+) -> Settlement {
+    let mut settlement = Settlement {
+        published: Vec::with_capacity(groups.iter().map(Vec::len).sum()),
+        failures: Vec::new(),
+        report: BatchReport::default(),
+    };
+    let report = &mut settlement.report;
+    for (group, group_outcomes) in groups.iter().zip(outcomes) {
+        for (event, outcome) in group.iter().zip(group_outcomes) {
+            match outcome {
+                Outcome::Published {
+                    duplicate,
+                    acked_at,
+                } => {
+                    settlement.published.push(event.id);
+                    observe(Settled::Published {
+                        event,
+                        duplicate: *duplicate,
+                        acked_at: *acked_at,
+                    });
+                }
+                Outcome::Failed(f) => {
+                    let verdict = policy.verdict(event.attempts, f.kind);
+                    if f.kind.is_brokers() {
+                        report.broker_failures += 1;
+                    }
+                    if !verdict.dead_letter {
+                        report.next_retry = earliest(report.next_retry, Some(verdict.retry_in));
+                    }
+                    settlement.failures.push(Failure {
+                        id: event.id,
+                        error: f.message.clone(),
+                        retry_in: verdict.retry_in,
+                        dead_letter: verdict.dead_letter,
+                        spend_attempt: verdict.spend_attempt,
+                    });
+                    observe(Settled::Failed {
+                        event,
+                        kind: f.kind,
+                        message: &f.message,
+                        verdict,
+                    });
+                }
+                Outcome::NotAttempted => {}
+            }
+        }
+    }
+    report.published = settlement.published.len();
+    report.failed = settlement.failures.len();
+    settlement
+}
+
+/// One transaction on `store`: claim, publish, record, commit.
+pub(crate) async fn process_batch(
+    config: &RelayConfig,
+    publisher: &Publisher,
+    metrics: &Metrics,
+    store: &mut Store,
+) -> Result<BatchReport> {
+    let started = Instant::now();
+    let claim = store
+        .claim(config.ordering, config.batch_size, config.max_batch_bytes)
+        .await?;
+    let claim_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let (claimed, full) = (claim.claimed, claim.full);
+    if claim.groups.is_empty() {
+        claim.finish(&[], &[]).await?;
+        return Ok(BatchReport {
+            claimed,
+            full,
+            ..Default::default()
+        });
+    }
+    let publish_started = Instant::now();
+    let outcomes = publisher.publish(&claim.groups).await;
+    let publish_s = publish_started.elapsed().as_secs_f64();
+    metrics.publish_duration.observe(publish_s);
+
+    if is_broker_outage(outcomes.iter().flatten()) {
+        // Spend no attempts; the rollback releases the rows.
+        claim.rollback().await?;
+        return Err(Error::broker_unavailable(
+            first_failure(&outcomes).unwrap_or_else(|| "no ack".into()),
+        ));
+    }
+
+    let policy = RetryPolicy::of(config);
+    let settlement = settle(&policy, &claim.groups, &outcomes, |s| observe(metrics, s));
+    let finish_started = Instant::now();
+    claim
+        .finish(&settlement.published, &settlement.failures)
+        .await?;
+    let finish_ms = finish_started.elapsed().as_secs_f64() * 1000.0;
+
+    let report = BatchReport {
+        claimed,
+        full,
+        ..settlement.report
+    };
+    let elapsed = started.elapsed();
+    metrics.batch_duration.observe(elapsed.as_secs_f64());
+    tracing::debug!(
+        batch_size = report.claimed,
+        published = report.published,
+        failed = report.failed,
+        elapsed_ms = elapsed.as_secs_f64() * 1000.0,
+        claim_ms,
+        publish_ms = publish_s * 1000.0,
+        finish_ms,
+        "batch done"
+    );
+    Ok(report)
+}
+
+/// A log line about one event, with its identifying fields.
+macro_rules! log_event {
+    ($level:expr, $event:expr, $($rest:tt)+) => {
+        tracing::event!(
+            $level,
+            event_id = %$event.id,
+            event_type = %$event.event_type,
+            aggregate_type = %$event.aggregate_type,
+            aggregate_id = %$event.aggregate_id,
+            $($rest)+
+        )
+    };
+}
+
+/// Metrics and logs of one settled event.
+fn observe(metrics: &Metrics, settled: Settled<'_>) {
+    match settled {
+        Settled::Published {
+            event,
+            duplicate,
+            acked_at,
+        } => {
+            metrics
+                .published
+                .get_or_create(&EventTypeLabel {
+                    event_type: event.event_type.clone(),
+                })
+                .inc();
+            if let Some(lag) = event
+                .created_at
+                .system_time()
+                .and_then(|t| acked_at.duration_since(t).ok())
+            {
+                metrics.commit_to_publish.observe(lag.as_secs_f64());
+            }
+            if duplicate {
+                tracing::debug!(event_id = %event.id, event_type = %event.event_type, "already in the stream (deduplicated)");
+            }
+        }
+        Settled::Failed {
+            event,
+            kind,
+            message,
+            verdict,
+        } => {
+            metrics
+                .failed
+                .get_or_create(&FailedLabels {
+                    event_type: event.event_type.clone(),
+                    reason: kind.label().to_string(),
+                })
+                .inc();
+            if verdict.dead_letter {
+                metrics.dead_lettered.inc();
+                log_event!(
+                    tracing::Level::ERROR,
+                    event,
+                    attempt = verdict.attempt,
+                    error = %message,
+                    "event dead-lettered"
+                );
+            } else {
+                log_event!(
+                    tracing::Level::WARN,
+                    event,
+                    attempt = verdict.attempt,
+                    retry_in_ms = verdict.retry_in.as_millis() as u64,
+                    error = %message,
+                    "publish failed; will retry"
+                );
+            }
+        }
+    }
+}
+
+fn first_failure(outcomes: &[Vec<Outcome>]) -> Option<String> {
+    outcomes.iter().flatten().find_map(|o| match o {
+        Outcome::Failed(f) => Some(f.message.clone()),
+        _ => None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::publisher::Failure as PublishFailure;
+
+    fn event(aggregate: &str, attempts: i32) -> OutboxEvent {
+        OutboxEvent {
+            id: Uuid::new_v4(),
+            seq: 1,
+            aggregate_type: "order".into(),
+            aggregate_id: aggregate.into(),
+            event_type: "created".into(),
+            payload: bytes::Bytes::from_static(b"{}"),
+            headers: Default::default(),
+            attempts,
+            created_at: crate::timestamp::Timestamp::now(),
+            defect: None,
+        }
+    }
+
+    fn published() -> Outcome {
+        Outcome::Published {
+            duplicate: false,
+            acked_at: SystemTime::now(),
+        }
+    }
+
+    fn failed(kind: FailureKind) -> Outcome {
+        Outcome::Failed(PublishFailure::new(kind, format!("{kind:?}")))
+    }
+
+    fn policy() -> RetryPolicy {
+        RetryPolicy {
+            max_attempts: 2,
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(60),
+        }
+    }
+
+    #[test]
+    fn merge_of_two_batches_in_flight() {
+        let a = BatchReport {
+            claimed: 10,
+            full: true,
+            published: 9,
+            failed: 1,
+            broker_failures: 0,
+            next_retry: Some(Duration::from_secs(4)),
+        };
+        let b = BatchReport {
+            claimed: 3,
+            full: false,
+            published: 1,
+            failed: 2,
+            broker_failures: 2,
+            next_retry: Some(Duration::from_secs(1)),
+        };
+        let m = a.merge(b);
+        assert_eq!(
+            m,
+            BatchReport {
+                claimed: 10,
+                full: true,
+                published: 10,
+                failed: 3,
+                broker_failures: 2,
+                next_retry: Some(Duration::from_secs(1)),
+            }
+        );
+        assert_eq!(m, b.merge(a));
+        let empty = BatchReport::default();
+        assert_eq!(empty.merge(empty), empty);
+        assert_eq!(a.merge(empty).next_retry, a.next_retry);
+        assert_eq!(empty.merge(b).next_retry, b.next_retry);
+    }
+
+    #[test]
+    fn settle_records_each_outcome_under_the_policy() {
+        let groups = vec![
+            vec![event("a", 0), event("a", 0), event("a", 0)],
+            vec![event("b", 1)],
+            vec![event("c", 0)],
+            vec![event("d", 5)],
+        ];
+        let outcomes = vec![
+            vec![
+                published(),
+                failed(FailureKind::Rejected),
+                Outcome::NotAttempted,
+            ],
+            vec![failed(FailureKind::Rejected)], // second attempt of two: dead
+            vec![failed(FailureKind::Timeout)],  // the broker's: no attempt
+            vec![failed(FailureKind::Invalid)],  // dead at once
+        ];
+        let mut seen = Vec::new();
+        let s = settle(&policy(), &groups, &outcomes, |settled| {
+            seen.push(match settled {
+                Settled::Published { event, .. } => (event.id, None),
+                Settled::Failed { event, verdict, .. } => (event.id, Some(verdict)),
+            })
+        });
+        assert_eq!(s.published, [groups[0][0].id]);
+        let failures: Vec<_> = s
+            .failures
+            .iter()
+            .map(|f| (f.id, f.dead_letter, f.spend_attempt))
+            .collect();
+        assert_eq!(
+            failures,
+            [
+                (groups[0][1].id, false, true),
+                (groups[1][0].id, true, true),
+                (groups[2][0].id, false, false),
+                (groups[3][0].id, true, true),
+            ]
+        );
+        assert_eq!(s.failures[0].error, "Rejected");
+        assert_eq!(seen.len(), 5);
+        assert_eq!(
+            s.report,
+            BatchReport {
+                claimed: 0,
+                full: false,
+                published: 1,
+                failed: 4,
+                broker_failures: 1,
+                next_retry: s.report.next_retry,
+            }
+        );
+        // The first retries (a's rejection after one attempt: 1 s +-25%, the timeout: 1 s) are
+        // the earliest; dead letters have none.
+        let next = s.report.next_retry.expect("a retry");
+        assert!(next >= Duration::from_millis(750) && next <= Duration::from_secs(1));
+    }
+
+    #[test]
+    fn settle_of_an_all_published_batch() {
+        let groups = vec![vec![event("a", 0)], vec![event("b", 0), event("b", 0)]];
+        let outcomes = vec![vec![published()], vec![published(), published()]];
+        let s = settle(&policy(), &groups, &outcomes, |_| {});
+        assert_eq!(s.published.len(), 3);
+        assert!(s.failures.is_empty());
+        assert_eq!(s.report.next_retry, None);
+        assert_eq!(s.report.broker_failures, 0);
+    }
+}

@@ -1,0 +1,197 @@
+//! The batch processor: drain, arm, wait, drain.
+
+use std::time::{Duration, Instant};
+
+use backoff::backoff::Backoff;
+use backoff::exponential::ExponentialBackoff;
+use backoff::SystemClock;
+use tokio::time::sleep_until;
+use tokio_util::sync::CancellationToken;
+
+use super::batch::{process_batch, BatchReport};
+use super::pause;
+use crate::config::{Ordering, RelayConfig};
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::policy::{trouble_backoff, LINGER};
+use crate::publisher::Publisher;
+use crate::signals::{Arming, Signals, Wake};
+use crate::store::Store;
+
+pub(super) struct Processor<'a> {
+    pub config: &'a RelayConfig,
+    pub publisher: Publisher,
+    pub signals: &'a Signals,
+    pub metrics: &'a Metrics,
+    /// Two worker connections: with `Ordering::None`, during a backlog two batches are in flight at
+    /// once (the second claims while the first publishes; `SKIP LOCKED` keeps them apart).
+    pub stores: [Store; 2],
+    /// Pause after a failed batch or the broker's trouble; reset by a batch that went through.
+    trouble: ExponentialBackoff<SystemClock>,
+    /// The earliest retry time of a failed row: the wait ends then even without a notification.
+    next_retry: Option<Instant>,
+}
+
+/// What the drain does after a batch.
+enum Next {
+    /// The batch was full: claim again at once.
+    Again,
+    /// Claim again after this pause (rows still arriving, or trouble).
+    After(Duration),
+    /// The poll came back empty.
+    Idle,
+}
+
+impl<'a> Processor<'a> {
+    pub fn new(
+        config: &'a RelayConfig,
+        publisher: Publisher,
+        signals: &'a Signals,
+        metrics: &'a Metrics,
+        stores: [Store; 2],
+    ) -> Self {
+        Processor {
+            config,
+            publisher,
+            signals,
+            metrics,
+            stores,
+            trouble: trouble_backoff(),
+            next_retry: None,
+        }
+    }
+
+    /// Runs until `shutdown`: drain, ask the listener to arm, wait for a wake-up, drain again.
+    pub async fn run(&mut self, shutdown: &CancellationToken) -> Result<()> {
+        let mut wake = Wake::Reconnect;
+        loop {
+            if !self.drain(wake, shutdown).await {
+                return Ok(());
+            }
+            self.signals.update_arming(Arming::request);
+            match self.wait(shutdown).await {
+                Some(reason) => wake = reason,
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// Claims batches until a poll comes back empty (true) or shutdown (false).
+    async fn drain(&mut self, mut wake: Wake, shutdown: &CancellationToken) -> bool {
+        let mut backlog = false;
+        loop {
+            if shutdown.is_cancelled() {
+                return false;
+            }
+            self.metrics.wakeup(wake.label());
+            let result = self.batch(backlog).await;
+            backlog = matches!(result, Ok(r) if r.full);
+            match self.next(result) {
+                Next::Idle => return true,
+                Next::Again => {}
+                Next::After(delay) => {
+                    if !pause(shutdown, delay).await {
+                        return false;
+                    }
+                }
+            }
+            wake = Wake::Backlog;
+        }
+    }
+
+    /// One batch, or two side by side during a backlog without ordering: with per-aggregate order
+    /// the second claim would mostly find the aggregates of the first one locked and scan the
+    /// whole backlog for nothing (measured: 2.6x slower at 1,000 aggregates).
+    async fn batch(&mut self, backlog: bool) -> Result<BatchReport> {
+        let [first, second] = &mut self.stores;
+        let (config, publisher, metrics) = (self.config, &self.publisher, self.metrics);
+        if backlog && config.ordering == Ordering::None {
+            let (a, b) = tokio::join!(
+                process_batch(config, publisher, metrics, first),
+                process_batch(config, publisher, metrics, second)
+            );
+            a.and_then(|a| b.map(|b| a.merge(b)))
+        } else {
+            process_batch(config, publisher, metrics, first).await
+        }
+    }
+
+    fn next(&mut self, result: Result<BatchReport>) -> Next {
+        let report = match result {
+            Ok(report) => report,
+            Err(e) => {
+                let delay = self.trouble_delay();
+                self.recover(&e);
+                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "batch failed; backing off");
+                return Next::After(delay);
+            }
+        };
+        if let Some(d) = report.next_retry {
+            let at = Instant::now() + d;
+            self.next_retry = Some(self.next_retry.map_or(at, |n| n.min(at)));
+        }
+        if report.broker_failures > 0 {
+            // Some went through, some met the broker's trouble (their rows are back, no attempt
+            // spent): give the broker a moment.
+            let delay = self.trouble_delay();
+            tracing::warn!(
+                published = report.published,
+                broker_failures = report.broker_failures,
+                retry_in_ms = delay.as_millis() as u64,
+                "broker trouble during a batch; backing off"
+            );
+            return Next::After(delay);
+        }
+        self.trouble.reset();
+        if report.claimed == 0 {
+            Next::Idle
+        } else if report.full {
+            Next::Again
+        } else {
+            // Rows are still arriving. Poll again shortly instead of arming: arming makes every
+            // writer notify (and serialise its commit) until the relay wakes, which under steady
+            // load would be most of the time.
+            Next::After(LINGER)
+        }
+    }
+
+    fn trouble_delay(&mut self) -> Duration {
+        self.trouble
+            .next_backoff()
+            .unwrap_or(Duration::from_secs(10))
+    }
+
+    /// After a failed batch: connections that may be broken are dropped (the next claim
+    /// reconnects); the broker's outage needs nothing but the pause.
+    fn recover(&mut self, e: &Error) {
+        if e.is_broker_unavailable() {
+            return;
+        }
+        if e.is_prepared_statement_lost() {
+            // Behind a transaction pooler that keeps no prepared statements
+            // (--prepared-statements true by mistake): unnamed from now on.
+            tracing::warn!("prepared statements do not survive between transactions on this connection (a transaction pooler?): sending them unnamed; set --prepared-statements false");
+            self.stores.iter_mut().for_each(Store::stop_preparing);
+        } else {
+            self.stores.iter_mut().for_each(Store::reset);
+        }
+    }
+
+    /// Waits for a notification, the fallback ticker or a row's retry time; `None` on shutdown.
+    async fn wait(&mut self, shutdown: &CancellationToken) -> Option<Wake> {
+        let fallback = Instant::now() + self.config.fallback_interval;
+        let at = self.next_retry.map_or(fallback, |r| r.min(fallback));
+        let wake = tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            reason = self.signals.woken() => reason,
+            _ = sleep_until(at.into()) => {
+                if self.next_retry.is_some_and(|n| n <= Instant::now()) {
+                    self.next_retry = None;
+                }
+                Wake::Fallback
+            }
+        };
+        self.signals.update_arming(Arming::busy);
+        Some(wake)
+    }
+}
