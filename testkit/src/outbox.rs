@@ -2,7 +2,7 @@
 //! in-process or as the CLI binary, and readers of what reached the stream.
 
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, stream};
@@ -12,7 +12,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::{pg_client, shared_pg, wait_until, NatsServer};
+use crate::relay::{relay_command, RelayProcess};
+use crate::{pg_client, shared_pg, wait_until, NatsServer, PgCluster};
 
 pub const STREAM: &str = "OUTBOX";
 
@@ -61,30 +62,40 @@ impl Stored {
     }
 }
 
+/// Migrates the outbox schema into the database at `url` (bounded to 60 s).
+pub async fn migrate_database(url: &str) {
+    let mut client = pg_client(url).await;
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        outbox_relay::migrate::migrate(&mut client),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("migrating {url} took longer than 60s"))
+    .unwrap_or_else(|e| panic!("migrating {url} failed: {e}"));
+}
+
 impl Env {
+    /// A database of the shared cluster, its own nats-server and the stream.
     pub async fn new() -> Env {
-        let db = shared_pg().create_database().await;
-        let mut client = pg_client(&db).await;
-        outbox_relay::migrate::migrate(&mut client)
-            .await
-            .expect("migrate");
-        let nats = NatsServer::start();
-        let env = Env { db, nats };
+        Env::on(shared_pg()).await
+    }
+
+    /// A database of `pg`, its own nats-server and the stream.
+    pub async fn on(pg: &PgCluster) -> Env {
+        let env = Env::without_stream(pg).await;
         env.create_stream().await;
         env
     }
 
+    /// A database of `pg` and its own nats-server, without a stream.
+    pub async fn without_stream(pg: &PgCluster) -> Env {
+        let db = pg.create_migrated_database().await;
+        let nats = NatsServer::start();
+        Env { db, nats }
+    }
+
     pub async fn create_stream(&self) {
-        let js = self.js().await;
-        js.get_or_create_stream(stream::Config {
-            name: STREAM.into(),
-            subjects: vec!["outbox.>".into()],
-            storage: stream::StorageType::File,
-            duplicate_window: Duration::from_secs(600),
-            ..Default::default()
-        })
-        .await
-        .expect("create stream");
+        create_stream(&self.js().await).await;
     }
 
     pub async fn js(&self) -> jetstream::Context {
@@ -109,10 +120,7 @@ impl Env {
     }
 
     pub async fn spawn(&self, config: RelayConfig) -> RunningRelay {
-        let relay = Relay::new(config).await.expect("relay starts");
-        let token = CancellationToken::new();
-        let handle = tokio::spawn(relay.run(token.clone()));
-        RunningRelay { token, handle }
+        RunningRelay::start(config).await
     }
 
     pub async fn client(&self) -> tokio_postgres::Client {
@@ -173,6 +181,20 @@ impl Env {
     }
 }
 
+/// Creates the `OUTBOX` stream on `outbox.>` (file storage, 10 min duplicate window) unless it
+/// exists.
+pub async fn create_stream(js: &jetstream::Context) {
+    js.get_or_create_stream(stream::Config {
+        name: STREAM.into(),
+        subjects: vec!["outbox.>".into()],
+        storage: stream::StorageType::File,
+        duplicate_window: Duration::from_secs(600),
+        ..Default::default()
+    })
+    .await
+    .expect("create stream");
+}
+
 /// Every message of `stream`, in stream order.
 pub async fn read_stream(js: &jetstream::Context, stream: &str) -> Vec<Stored> {
     read_stream_with(js, stream, false).await
@@ -210,6 +232,20 @@ async fn read_stream_with(
     out
 }
 
+/// An `order.created` event of the aggregate `order`/`aggregate_id` with the payload `{"n": n}`.
+pub fn numbered_event(
+    aggregate_id: &str,
+    n: impl Into<serde_json::Value>,
+) -> outbox_relay::NewEvent {
+    outbox_relay::NewEvent::new(
+        "order",
+        aggregate_id,
+        "order.created",
+        &serde_json::json!({ "n": n.into() }),
+    )
+    .expect("event")
+}
+
 /// Asserts that no event id appears twice in the stream and returns the ids in stream order.
 pub fn assert_unique(stored: &[Stored]) -> Vec<Uuid> {
     let mut seen = std::collections::HashSet::new();
@@ -230,6 +266,14 @@ pub struct RunningRelay {
 }
 
 impl RunningRelay {
+    /// Runs a relay with `config` on a task of its own; panics when the config is refused.
+    pub async fn start(config: RelayConfig) -> RunningRelay {
+        let relay = Relay::new(config).await.expect("relay starts");
+        let token = CancellationToken::new();
+        let handle = tokio::spawn(relay.run(token.clone()));
+        RunningRelay { token, handle }
+    }
+
     /// Graceful stop; the relay must exit cleanly within 10 s.
     pub async fn stop(self) {
         self.token.cancel();
@@ -242,62 +286,33 @@ impl RunningRelay {
 }
 
 /// The relay as the CLI binary, for kill and signal tests.
-pub struct CliRelay {
-    pub child: Child,
-}
+pub type CliRelay = RelayProcess;
 
-impl CliRelay {
-    /// `run --metrics-addr off --fallback-interval 60s` plus `extra`.
-    pub fn spawn(env: &Env, extra: &[&str]) -> CliRelay {
+impl RelayProcess {
+    /// `run --metrics-addr off --fallback-interval 60s` plus `extra`, against `env`.
+    pub fn run(env: &Env, extra: &[&str]) -> RelayProcess {
         let mut args = vec!["--metrics-addr", "off"];
         args.extend_from_slice(extra);
-        Self::spawn_serving(env, &args)
+        Self::run_serving(env, &args)
     }
 
-    /// `run --fallback-interval 60s` plus `args` (which must set `--metrics-addr`).
-    pub fn spawn_serving(env: &Env, args: &[&str]) -> CliRelay {
-        let child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-            .args(["run", "--fallback-interval", "60s"])
+    /// `run --fallback-interval 60s` plus `args` (which must set `--metrics-addr`), against `env`.
+    pub fn run_serving(env: &Env, args: &[&str]) -> RelayProcess {
+        let mut cmd = relay_command();
+        cmd.args(["run", "--fallback-interval", "60s"])
             .args(args)
             .env("DATABASE_URL", &env.db)
             .env("NATS_URL", env.nats.url())
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn outbox-relay");
-        CliRelay { child }
+            .stderr(Stdio::inherit());
+        Self::from_command(cmd)
     }
 
-    pub fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// Sends SIGTERM and returns the exit code (bounded wait).
-    pub fn terminate(mut self) -> Option<i32> {
-        use nix::sys::signal::{kill, Signal};
-        use nix::unistd::Pid;
-        kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM).expect("SIGTERM");
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                return status.code();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "relay did not exit within 15 s of SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for CliRelay {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    /// `cmd` (an outbox-relay command with its own arguments) in a child process.
+    pub fn from_command(cmd: Command) -> RelayProcess {
+        RelayProcess::spawn("outbox-relay", cmd, None).expect("spawn outbox-relay")
     }
 }
 
@@ -370,20 +385,10 @@ impl Env {
     }
 }
 
-/// A child process killed when dropped (a relay started with its own arguments).
-pub struct ChildGuard(pub Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Runs an operator command of the CLI against `db` (bounded by the command itself): exit code,
 /// stdout, stderr.
 pub fn cli(db: &str, args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+    let out = relay_command()
         .args(args)
         .env("DATABASE_URL", db)
         .env("RUST_LOG", "warn")

@@ -1,14 +1,12 @@
 //! The gated NOTIFY: writers notify only while a relay is armed. No wake-up may be lost at the
 //! arming boundary, and a long writer transaction must not push latency to the fallback poll.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::outbox::Env;
 use futures::StreamExt;
+use testkit::outbox::Env;
 use uuid::Uuid;
 
 type Commits = Arc<Mutex<HashMap<Uuid, Instant>>>;
@@ -45,6 +43,7 @@ async fn latencies(mut sub: async_nats::Subscriber, n: usize, commits: Commits) 
 
 #[tokio::test]
 async fn no_wakeup_is_lost_at_the_arming_boundary() {
+    let _turn = testkit::heavy().await;
     let env = Env::new().await;
     let relay = env.spawn(env.config()).await; // fallback 60 s
     let nc = async_nats::connect(env.nats.url()).await.expect("nats");
@@ -58,7 +57,7 @@ async fn no_wakeup_is_lost_at_the_arming_boundary() {
         let (db, commits) = (env.db.clone(), commits.clone());
         writers.push(tokio::spawn(async move {
             let mut rng = fastrand::Rng::with_seed(seed + w);
-            let mut client = common::pg_client(&db).await;
+            let mut client = testkit::pg_client(&db).await;
             for i in 0..1_250 {
                 write_one(&mut client, &format!("w{w}-{}", i % 20), &commits).await;
                 // Random gaps of 0-20 ms: the workload under test.
@@ -83,6 +82,7 @@ async fn no_wakeup_is_lost_at_the_arming_boundary() {
 
 #[tokio::test]
 async fn a_long_writer_transaction_does_not_delay_other_events_to_the_fallback() {
+    let _turn = testkit::heavy().await;
     let env = Env::new().await;
     let relay = env.spawn(env.config()).await; // fallback 60 s
 
@@ -154,7 +154,7 @@ async fn writers_do_not_notify_while_the_relay_drains() {
     config.publish_timeout = Duration::from_secs(60);
     let relay = env.spawn(config).await;
     let observer = env.client().await;
-    common::wait_until("the idle relay armed", Duration::from_secs(15), || async {
+    testkit::wait_until("the idle relay armed", Duration::from_secs(15), || async {
         armed(&observer).await
     })
     .await;
@@ -191,7 +191,7 @@ async fn writers_do_not_notify_while_the_relay_drains() {
     // The relay woke and holds the first event: its batch transaction stays open while the
     // publish waits for the paused broker. (Probing the row with a lock of our own could make the
     // relay's SKIP LOCKED claim miss it.)
-    common::wait_until(
+    testkit::wait_until(
         "the first event claimed",
         Duration::from_secs(10),
         || async {

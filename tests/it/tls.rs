@@ -1,20 +1,17 @@
 //! PostgreSQL over TLS: libpq `sslmode` semantics against a throwaway cluster with a certificate
 //! made in the test.
 
-mod common;
-
 use std::os::unix::fs::PermissionsExt;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
-use common::outbox::Env;
-use common::{PgCluster, PgOptions};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair,
 };
+use testkit::outbox::Env;
+use testkit::{PgCluster, PgOptions};
 
 struct Pki {
     dir: tempfile::TempDir,
@@ -100,15 +97,70 @@ fn with_params(url: &str, params: &str) -> String {
     format!("{url}?{params}")
 }
 
-async fn uses_tls(url: &str) -> outbox_relay::Result<bool> {
-    let client = outbox_relay::connect(url, "tls-test").await?;
-    Ok(client
-        .query_one(
-            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
-            &[],
-        )
-        .await?
-        .get(0))
+/// Connections as the server logs them (`log_connections`): how `outbox-relay status` reaches one
+/// database of a cluster.
+struct TlsProbe {
+    log: PathBuf,
+    /// `database=<name>`, as the log shows it.
+    database: String,
+}
+
+impl TlsProbe {
+    /// For the database of `url` (a `postgres://` URL) on `pg`, which must log connections.
+    fn new(pg: &PgCluster, url: &str) -> TlsProbe {
+        let name = url.rsplit('/').next().expect("db name");
+        TlsProbe {
+            log: pg.log_path().to_path_buf(),
+            database: format!("database={name}"),
+        }
+    }
+
+    /// Runs `status` against `url` (nothing from the environment): its stderr when it cannot
+    /// connect, else what the server logged meanwhile.
+    fn status_log(&self, url: &str) -> Result<String, String> {
+        let from = std::fs::metadata(&self.log).map_or(0, |m| m.len()) as usize;
+        let (code, stderr) = status(url, &[]);
+        if code != Some(0) {
+            return Err(stderr);
+        }
+        let log = std::fs::read(&self.log).expect("server log");
+        Ok(String::from_utf8_lossy(&log[from.min(log.len())..]).into_owned())
+    }
+
+    /// [`TlsProbe::status_log`]: whether the connections the server authorized for the database
+    /// use TLS.
+    async fn uses_tls(&self, url: &str) -> Result<bool, String> {
+        let ssl: Vec<bool> = self
+            .status_log(url)?
+            .lines()
+            .filter(|l| {
+                l.contains("connection authorized:")
+                    && l.split_whitespace().any(|w| w == self.database)
+            })
+            .map(|l| l.contains(" SSL enabled"))
+            .collect();
+        assert!(!ssl.is_empty(), "{url}: the server logged no connection");
+        assert!(
+            ssl.iter().all(|&s| s == ssl[0]),
+            "{url}: connections with and without TLS"
+        );
+        Ok(ssl[0])
+    }
+}
+
+/// A cluster with TLS on (the test server certificate), logging connections.
+fn tls_options(pki: &Pki) -> PgOptions {
+    PgOptions::default()
+        .setting("ssl", "on")
+        .setting("ssl_cert_file", path(&pki.cert))
+        .setting("ssl_key_file", path(&pki.key))
+        .setting("log_connections", "on")
+}
+
+async fn tls_cluster(opts: PgOptions) -> PgCluster {
+    tokio::task::spawn_blocking(move || PgCluster::start(opts))
+        .await
+        .expect("cluster")
 }
 
 fn path(p: &Path) -> String {
@@ -118,7 +170,7 @@ fn path(p: &Path) -> String {
 /// `status` run with `DATABASE_URL` and libpq variables `vars` (in a child process: they are
 /// process-wide), none inherited from the test's environment: (exit code, stderr).
 fn status(database_url: &str, vars: &[(&str, &str)]) -> (Option<i32>, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    let mut cmd = testkit::relay_command();
     cmd.arg("status").env("DATABASE_URL", database_url);
     for var in ["PGSSLMODE", "PGSSLROOTCERT", "PGSSLCERT", "PGSSLKEY"] {
         cmd.env_remove(var);
@@ -134,41 +186,39 @@ fn status(database_url: &str, vars: &[(&str, &str)]) -> (Option<i32>, String) {
 #[tokio::test]
 async fn sslmodes_against_a_tls_cluster() {
     let pki = pki();
-    let (cert, key) = (path(&pki.cert), path(&pki.key));
-    let pg = tokio::task::spawn_blocking(move || {
-        PgCluster::start(
-            PgOptions::default()
-                .setting("ssl", "on")
-                .setting("ssl_cert_file", cert)
-                .setting("ssl_key_file", key),
-        )
-    })
-    .await
-    .expect("cluster");
-    let url = pg.create_database().await;
+    let pg = tls_cluster(tls_options(&pki)).await;
+    let url = pg.create_migrated_database().await;
+    let probe = TlsProbe::new(&pg, &url);
 
-    assert!(uses_tls(&with_params(&url, "sslmode=require"))
+    assert!(probe
+        .uses_tls(&with_params(&url, "sslmode=require"))
         .await
         .expect("require connects"));
     assert!(
-        uses_tls(&url).await.expect("prefer (default) connects"),
+        probe
+            .uses_tls(&url)
+            .await
+            .expect("prefer (default) connects"),
         "prefer uses TLS when offered"
     );
-    assert!(!uses_tls(&with_params(&url, "sslmode=disable"))
+    assert!(!probe
+        .uses_tls(&with_params(&url, "sslmode=disable"))
         .await
         .expect("disable connects"));
     let full = with_params(
         &url,
         &format!("sslmode=verify-full&sslrootcert={}", path(&pki.ca)),
     );
-    assert!(uses_tls(&full)
+    assert!(probe
+        .uses_tls(&full)
         .await
         .expect("verify-full with the right root connects"));
     let ca_only = with_params(
         &url,
         &format!("sslmode=verify-ca&sslrootcert={}", path(&pki.ca)),
     );
-    assert!(uses_tls(&ca_only)
+    assert!(probe
+        .uses_tls(&ca_only)
         .await
         .expect("verify-ca with the right root connects"));
 
@@ -177,7 +227,8 @@ async fn sslmodes_against_a_tls_cluster() {
             &url,
             &format!("sslmode={mode}&sslrootcert={}", path(&pki.other_ca)),
         );
-        let err = uses_tls(&wrong)
+        let err = probe
+            .uses_tls(&wrong)
             .await
             .expect_err("a wrong root must fail")
             .to_string();
@@ -200,26 +251,30 @@ async fn sslmodes_against_a_tls_cluster() {
         format!("sslrootcert='{}' sslmode =verify-ca", path(&pki.ca)),
     ] {
         assert!(
-            uses_tls(&format!("{kv} {params}"))
+            probe
+                .uses_tls(&format!("{kv} {params}"))
                 .await
                 .unwrap_or_else(|e| panic!("{params}: {e}")),
             "{params}"
         );
     }
-    assert!(!uses_tls(&format!("{kv} sslmode = disable"))
+    assert!(!probe
+        .uses_tls(&format!("{kv} sslmode = disable"))
         .await
         .expect("disable connects"));
-    let err = uses_tls(&format!(
-        "{kv} sslmode = verify-full sslrootcert = '{}'",
-        path(&pki.other_ca)
-    ))
-    .await
-    .expect_err("a wrong root must fail")
-    .to_string();
+    let err = probe
+        .uses_tls(&format!(
+            "{kv} sslmode = verify-full sslrootcert = '{}'",
+            path(&pki.other_ca)
+        ))
+        .await
+        .expect_err("a wrong root must fail")
+        .to_string();
     assert!(err.contains("UnknownIssuer"), "{err}");
 
     // The system's roots do not know the test CA: sslrootcert=system (verify-full implied) fails.
-    let err = uses_tls(&format!("{kv} sslrootcert=system"))
+    let err = probe
+        .uses_tls(&format!("{kv} sslrootcert=system"))
         .await
         .expect_err("the test CA is not a system root")
         .to_string();
@@ -229,10 +284,7 @@ async fn sslmodes_against_a_tls_cluster() {
     );
 
     // The environment variables, in a child process (they are process-wide).
-    let mut client = common::pg_client(&url).await;
-    outbox_relay::migrate::migrate(&mut client)
-        .await
-        .expect("migrate");
+    let client = testkit::pg_client(&url).await;
     let (ca, other_ca) = (path(&pki.ca), path(&pki.other_ca));
     for (vars, ok) in [
         (
@@ -255,7 +307,7 @@ async fn sslmodes_against_a_tls_cluster() {
     // The relay end to end over verify-full (worker and LISTEN connections).
     let env = Env {
         db: full,
-        nats: common::NatsServer::start(),
+        nats: testkit::NatsServer::start(),
     };
     env.create_stream().await;
     let relay = env.spawn(env.config()).await;
@@ -284,15 +336,12 @@ async fn sslmodes_against_a_tls_cluster() {
 #[tokio::test]
 async fn tls_modes_never_fall_back_to_plaintext() {
     let pki = pki();
-    let url = common::shared_pg().create_database().await;
-    let mut admin = common::pg_client(&url).await;
-    outbox_relay::migrate::migrate(&mut admin)
-        .await
-        .expect("migrate");
+    let url = testkit::shared_pg().create_migrated_database().await;
+    let probe = TlsProbe::new(testkit::shared_pg(), &url);
     let dbname = url.rsplit('/').next().expect("db name");
     let kv = format!(
         "host=127.0.0.1 port={} dbname={dbname} user=postgres",
-        common::shared_pg().port()
+        testkit::shared_pg().port()
     );
     let ca = path(&pki.ca);
     for tls in [
@@ -307,7 +356,7 @@ async fn tls_modes_never_fall_back_to_plaintext() {
         format!("{kv} sslmode = 'verify-full' sslrootcert = '{ca}'"),
         format!("{kv} sslrootcert = '{ca}' sslmode = require"),
     ] {
-        let err = match uses_tls(&tls).await {
+        let err = match probe.uses_tls(&tls).await {
             Ok(ssl) => panic!("{tls}: connected (ssl={ssl}) to a server without TLS"),
             Err(e) => e.to_string(),
         };
@@ -319,7 +368,8 @@ async fn tls_modes_never_fall_back_to_plaintext() {
             "{tls}: {stderr}"
         );
     }
-    assert!(!uses_tls(&format!("{kv} sslmode = prefer"))
+    assert!(!probe
+        .uses_tls(&format!("{kv} sslmode = prefer"))
         .await
         .expect("prefer connects without TLS"));
 
@@ -393,28 +443,19 @@ async fn client_certificates() {
     )
     .expect("pg_hba.conf");
     std::fs::set_permissions(&hba, std::fs::Permissions::from_mode(0o644)).expect("chmod");
-    let (cert, key, ca, hba_file) = (path(&pki.cert), path(&pki.key), path(&pki.ca), path(&hba));
-    let pg = tokio::task::spawn_blocking(move || {
-        PgCluster::start(
-            PgOptions::default()
-                .setting("ssl", "on")
-                .setting("ssl_cert_file", cert)
-                .setting("ssl_key_file", key)
-                .setting("ssl_ca_file", ca)
-                .setting("hba_file", hba_file),
-        )
-    })
-    .await
-    .expect("cluster");
-    let url = pg.create_database().await;
-    let mut admin = common::pg_client(&url).await;
+    let pg = tls_cluster(
+        tls_options(&pki)
+            .setting("ssl_ca_file", path(&pki.ca))
+            .setting("hba_file", path(&hba)),
+    )
+    .await;
+    let url = pg.create_migrated_database().await;
+    let admin = testkit::pg_client(&url).await;
     admin
         .batch_execute("CREATE ROLE certuser LOGIN SUPERUSER")
         .await
         .expect("role");
-    outbox_relay::migrate::migrate(&mut admin)
-        .await
-        .expect("migrate");
+    let probe = TlsProbe::new(&pg, &url);
     let dbname = url.rsplit('/').next().expect("db name");
     let kv = format!(
         "host=127.0.0.1 port={} dbname={dbname} user=certuser",
@@ -431,18 +472,15 @@ async fn client_certificates() {
             pg.port()
         ),
     ] {
-        let client = outbox_relay::connect(&url, "tls-test")
-            .await
+        let log = probe
+            .status_log(&url)
             .unwrap_or_else(|e| panic!("{url}: {e}"));
-        let dn: String = client
-            .query_one(
-                "SELECT client_dn FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
-                &[],
-            )
-            .await
-            .expect("pg_stat_ssl")
-            .get(0);
-        assert!(dn.contains("CN=certuser"), "{url}: {dn}");
+        assert!(
+            log.lines().any(|l| l.contains("connection authenticated:")
+                && l.contains("CN=certuser")
+                && l.contains("method=cert")),
+            "{url}: {log}"
+        );
     }
 
     // Without a certificate, or with one the server's CA did not sign, the server refuses.
@@ -460,9 +498,9 @@ async fn client_certificates() {
             "UnknownCA",
         ),
     ] {
-        let err = match outbox_relay::connect(&url, "tls-test").await {
+        let err = match probe.status_log(&url) {
             Ok(_) => panic!("{url}: connected without a valid client certificate"),
-            Err(e) => e.to_string(),
+            Err(e) => e,
         };
         assert!(err.contains(needle), "{url}: {err}");
     }

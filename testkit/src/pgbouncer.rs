@@ -1,15 +1,14 @@
 //! Throwaway PgBouncer instances in front of a [`PgCluster`], in transaction pooling mode.
 
-use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use super::pg::{self, PgCluster};
-use super::proc::{self, TestDir};
+use crate::pg::{self, PgCluster};
+use crate::proc::{self, TestDir};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -22,22 +21,14 @@ pub const PGBOUNCER_ENV: &str = "OUTBOX_RELAY_TEST_PGBOUNCER";
 fn pgbouncer_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        if let Some(p) = std::env::var_os(PGBOUNCER_ENV) {
-            return PathBuf::from(p);
-        }
-        proc::which("pgbouncer")
-            .or_else(|| {
-                ["/usr/sbin/pgbouncer", "/usr/local/bin/pgbouncer"]
-                    .iter()
-                    .map(PathBuf::from)
-                    .find(|p| proc::is_executable(p))
-            })
-            .unwrap_or_else(|| {
-                panic!(
-                    "pgbouncer not found on PATH or in /usr/sbin (install Debian's `pgbouncer` \
-                     package or set ${PGBOUNCER_ENV})"
-                )
-            })
+        proc::find_bin(
+            PGBOUNCER_ENV,
+            "pgbouncer",
+            &format!(
+                "pgbouncer not found on PATH or in /usr/sbin (install Debian's `pgbouncer` \
+                 package or set ${PGBOUNCER_ENV})"
+            ),
+        )
     })
 }
 
@@ -91,11 +82,9 @@ impl PgBouncerOptions {
 pub struct PgBouncer {
     // `Drop for PgBouncer` kills the process before the TestDir is removed.
     dir: TestDir,
-    port: u16,
     ini_path: PathBuf,
-    log_path: PathBuf,
     run_as: Option<(u32, u32)>,
-    child: Option<Child>,
+    server: proc::Server,
 }
 
 impl PgBouncer {
@@ -148,13 +137,12 @@ impl PgBouncer {
         }
         write_file(&ini_path, &ini);
 
+        let stdio_path = dir.path().join("pgbouncer-stdio.log");
         let mut bouncer = PgBouncer {
             dir,
-            port,
             ini_path,
-            log_path,
             run_as,
-            child: None,
+            server: proc::Server::new("pgbouncer", pgbouncer_bin(), port, log_path, stdio_path),
         };
         bouncer.start_again();
         bouncer
@@ -162,12 +150,12 @@ impl PgBouncer {
 
     /// TCP port on 127.0.0.1.
     pub fn port(&self) -> u16 {
-        self.port
+        self.server.port()
     }
 
     /// `postgres://postgres@127.0.0.1:PORT/<db>`: `db` of the fronted cluster, through the pooler.
     pub fn url(&self, db: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port())
     }
 
     /// The same database as `cluster_url` (a URL of the fronted cluster, as
@@ -187,84 +175,33 @@ impl PgBouncer {
     }
 
     pub fn log_path(&self) -> &Path {
-        &self.log_path
+        self.server.log_path()
     }
 
     /// The last `lines` lines of the log (plus stdout/stderr).
     pub fn log_tail(&self, lines: usize) -> String {
-        proc::server_log_tail(&self.log_path, &self.stdio_path(), lines)
-    }
-
-    fn stdio_path(&self) -> PathBuf {
-        self.dir.path().join("pgbouncer-stdio.log")
+        self.server.log_tail(lines)
     }
 
     /// PID of the running pgbouncer, if any.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.server.pid()
     }
 
     /// SIGKILL (every client and server connection breaks) and wait until the port is free.
     /// No-op if not running.
     pub fn kill(&mut self) {
-        proc::kill_server(&mut self.child, self.port, "pgbouncer");
+        self.server.kill();
     }
 
     /// Starts pgbouncer again with the same port and ini and waits until it forwards queries.
     pub fn start_again(&mut self) {
-        assert!(
-            self.child.is_none(),
-            "PgBouncer::start_again called while pgbouncer (pid {:?}) is running",
-            self.pid()
-        );
-        let stdio_path = self.stdio_path();
-        let stdio = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&stdio_path)
-            .unwrap_or_else(|e| panic!("could not open {}: {e}", stdio_path.display()));
-        let stdio2 = stdio.try_clone().expect("could not dup log fd");
-        let mut cmd = Command::new(pgbouncer_bin());
-        cmd.arg(&self.ini_path)
-            .current_dir(self.dir.path())
-            .stdin(Stdio::null())
-            .stdout(stdio)
-            .stderr(stdio2);
-        if let Some((uid, gid)) = self.run_as {
-            std::os::unix::process::CommandExt::uid(&mut cmd, uid);
-            std::os::unix::process::CommandExt::gid(&mut cmd, gid);
-        }
-        let child = proc::spawn_server(cmd)
-            .unwrap_or_else(|e| panic!("could not spawn {}: {e}", pgbouncer_bin().display()));
-        self.child = Some(child);
-
-        let deadline = Instant::now() + READY_TIMEOUT;
         let url = self.url("postgres");
-        loop {
-            let child = self.child.as_mut().expect("pgbouncer child");
-            if let Ok(Some(status)) = child.try_wait() {
-                self.child = None;
-                panic!(
-                    "pgbouncer on port {} exited during startup ({status})\n{}",
-                    self.port,
-                    self.log_tail(40)
-                );
-            }
-            if proc::port_accepts(self.port) && probe_select_one(&url) {
-                return;
-            }
-            if Instant::now() >= deadline {
-                if let Some(mut child) = self.child.take() {
-                    proc::kill_and_reap(&mut child);
-                }
-                panic!(
-                    "pgbouncer on port {} not ready within {READY_TIMEOUT:?}\n{}",
-                    self.port,
-                    self.log_tail(40)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let args = [self.ini_path.clone().into_os_string()];
+        self.server
+            .start(&args, self.dir.path(), self.run_as, READY_TIMEOUT, || {
+                probe_select_one(&url)
+            });
     }
 }
 
@@ -289,13 +226,8 @@ fn write_file(path: &Path, text: &str) {
 
 impl Drop for PgBouncer {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            // SIGTERM: immediate shutdown (SIGINT would wait for the clients to finish).
-            let _ = proc::send_signal(child.id(), Signal::SIGTERM);
-            if proc::wait_child(&mut child, STOP_TIMEOUT).is_none() {
-                proc::kill_and_reap(&mut child);
-            }
-        }
+        // SIGTERM: immediate shutdown (SIGINT would wait for the clients to finish).
+        self.server.shut_down(Signal::SIGTERM, STOP_TIMEOUT);
         // self.dir (TestDir) removes the files afterwards.
     }
 }

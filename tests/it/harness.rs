@@ -1,11 +1,9 @@
-//! Self-test of the integration-test harness in `tests/common`.
-
-mod common;
+//! Self-test of the integration-test harness in `testkit/`.
 
 use std::time::Duration;
 
 use async_nats::jetstream;
-use common::{
+use testkit::{
     pg_client, shared_pg, simple_value, wait_until, NatsServer, PgBouncer, PgCluster, PgOptions,
 };
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use super::proc::{self, TestDir};
+use crate::proc::{self, TestDir};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -306,7 +306,7 @@ impl PgCluster {
             COUNTER.fetch_add(1, Ordering::Relaxed),
             std::process::id()
         );
-        let client = super::pg_client(&self.url("postgres")).await;
+        let client = crate::pg_client(&self.url("postgres")).await;
         tokio::time::timeout(
             Duration::from_secs(30),
             client.batch_execute(&format!("CREATE DATABASE {name}")),
@@ -317,27 +317,26 @@ impl PgCluster {
         self.url(&name)
     }
 
+    /// [`PgCluster::create_database`] with the outbox schema migrated into it.
+    pub async fn create_migrated_database(&self) -> String {
+        let url = self.create_database().await;
+        crate::outbox::migrate_database(&url).await;
+        url
+    }
+
     /// Fast shutdown (SIGINT to the postmaster) and wait for it to exit. The
     /// postmaster exits only after all its children, so the cluster is fully
     /// down afterwards. No-op if not running.
     pub fn stop(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        let _ = proc::send_signal(child.id(), Signal::SIGINT);
-        if proc::wait_child(&mut child, STOP_TIMEOUT).is_none() {
-            let pid = child.id();
-            let children = proc::children_of(pid);
-            proc::kill_and_reap(&mut child);
-            for c in children {
-                let _ = proc::send_signal(c, Signal::SIGKILL);
-            }
-            panic!(
-                "postgres (pid {pid}) did not stop within {STOP_TIMEOUT:?} after SIGINT; \
-                 killed it\n{}",
-                self.log_tail(40)
-            );
-        }
+        let log_path = self.log_path.clone();
+        proc::stop_server(
+            &mut self.child,
+            Signal::SIGINT,
+            STOP_TIMEOUT,
+            true,
+            "postgres",
+            || proc::log_tail(&log_path, 40),
+        );
     }
 
     /// Simulates a crash: SIGKILL to the postmaster. Its backends and
@@ -528,25 +527,20 @@ impl Drop for PgCluster {
         if let Some(mut child) = self.child.take() {
             // Immediate shutdown: the postmaster SIGQUITs its children and
             // waits for them.
-            let _ = proc::send_signal(child.id(), Signal::SIGQUIT);
-            if proc::wait_child(&mut child, Duration::from_secs(5)).is_none() {
-                let children = proc::children_of(child.id());
-                proc::kill_and_reap(&mut child);
-                for c in children {
-                    let _ = proc::send_signal(c, Signal::SIGKILL);
-                }
-            }
+            proc::signal_and_wait(&mut child, Signal::SIGQUIT, Duration::from_secs(5), true);
         }
         // self.dir (TestDir) removes the files afterwards.
     }
 }
 
-/// The per-test-binary shared cluster (fsync off), started on first use.
+/// The per-test-binary shared cluster (fsync off, connections logged), started on first use.
 /// Never dropped: the server dies with the test process (parent-death
 /// signal) and its temp dir is removed by the next run.
 pub fn shared_pg() -> &'static PgCluster {
     static SHARED: OnceLock<Result<PgCluster, String>> = OnceLock::new();
-    match SHARED.get_or_init(|| PgCluster::try_start(PgOptions::default())) {
+    match SHARED
+        .get_or_init(|| PgCluster::try_start(PgOptions::default().setting("log_connections", "on")))
+    {
         Ok(cluster) => cluster,
         Err(e) => panic!("the shared PostgreSQL cluster failed to start:\n{e}"),
     }

@@ -1,13 +1,11 @@
 //! Fault injection: each scenario checks the ledger (nothing lost, nothing stored twice,
 //! per-aggregate order intact) against real PostgreSQL and nats-server.
 
-mod common;
-
 use std::time::Duration;
 
-use common::outbox::{assert_ledger, CliRelay, Env, RunningRelay};
-use common::{wait_until, PgCluster, PgOptions};
 use outbox_relay::RelayConfig;
+use testkit::outbox::{assert_ledger, CliRelay, Env, RunningRelay};
+use testkit::{wait_until, PgCluster, PgOptions};
 
 async fn drained(env: &Env, timeout: Duration) {
     wait_until("every row processed", timeout, || async {
@@ -41,7 +39,7 @@ async fn relay_sigkilled_at_random_points_ten_times() {
     eprintln!("kill points seed: {seed}");
     let mut rng = fastrand::Rng::with_seed(seed);
     for round in 0..10 {
-        let relay = CliRelay::spawn(&env, &["--batch-size", "500"]);
+        let relay = CliRelay::run(&env, &["--batch-size", "500"]);
         // Wait until it has started working, then kill it at a random point.
         let before = env.count("processed_at IS NOT NULL").await;
         wait_until(
@@ -56,7 +54,7 @@ async fn relay_sigkilled_at_random_points_ten_times() {
         tokio::time::sleep(Duration::from_millis(rng.u64(0..150))).await; // the random kill point
         relay.kill();
     }
-    let relay = CliRelay::spawn(&env, &["--batch-size", "500"]);
+    let relay = CliRelay::run(&env, &["--batch-size", "500"]);
     drained(&env, Duration::from_secs(90)).await;
     assert_ledger(&env.written().await, &env.stored().await);
     assert_eq!(relay.terminate(), Some(0));
@@ -72,7 +70,7 @@ async fn broker_down_for_ten_seconds_while_writers_write() {
     let writer = {
         let db = env.db.clone();
         tokio::spawn(async move {
-            let client = common::pg_client(&db).await;
+            let client = testkit::pg_client(&db).await;
             for i in 0..600 {
                 client
                     .execute(
@@ -138,14 +136,7 @@ async fn postgres_restarted_during_a_drain() {
     let mut pg = tokio::task::spawn_blocking(|| PgCluster::start(PgOptions::default()))
         .await
         .expect("start cluster");
-    let db = pg.create_database().await;
-    let mut client = common::pg_client(&db).await;
-    outbox_relay::migrate::migrate(&mut client)
-        .await
-        .expect("migrate");
-    let nats = common::NatsServer::start();
-    let env = Env { db, nats };
-    env.create_stream().await;
+    let env = Env::on(&pg).await;
     env.insert_interleaved(400, 50).await;
     let mut config: RelayConfig = env.config();
     config.batch_size = 200;
@@ -181,7 +172,7 @@ async fn three_relays_keep_per_aggregate_order() {
     for w in 0..8 {
         let db = env.db.clone();
         writers.push(tokio::spawn(async move {
-            let mut client = common::pg_client(&db).await;
+            let mut client = testkit::pg_client(&db).await;
             for step in 0..25 {
                 for a in (w..200).step_by(8) {
                     let tx = client.transaction().await.expect("tx");

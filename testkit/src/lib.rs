@@ -1,10 +1,9 @@
-#![allow(dead_code, unused_imports)]
 //! Shared integration-test harness: throwaway PostgreSQL clusters, PgBouncer
 //! instances in front of them, throwaway nats-server instances and small async
 //! helpers.
 //!
-//! Used by test binaries via `mod common;` and by benches via
-//! `#[path = "../tests/common/mod.rs"] mod common;`.
+//! A dev-dependency of the main crate, used by its integration tests and
+//! benches (as `testkit`).
 //!
 //! Every server process is forked from one dedicated, never-exiting "spawner"
 //! thread with `PR_SET_PDEATHSIG = SIGKILL`, so servers die together with the
@@ -16,6 +15,8 @@ pub mod outbox;
 mod pg;
 mod pgbouncer;
 mod proc;
+pub use proc::{file_len, read_from};
+mod relay;
 
 use std::future::Future;
 use std::time::Duration;
@@ -23,12 +24,22 @@ use std::time::Duration;
 pub use nats::NatsServer;
 pub use pg::{shared_pg, PgCluster, PgOptions};
 pub use pgbouncer::{PgBouncer, PgBouncerOptions};
+pub use relay::{relay_bin, relay_command, RelayProcess, RELAY_BIN_ENV};
 
 /// Polls `f` every 10 ms until it returns `true`.
 ///
 /// Panics with `what` if that does not happen within `timeout` (this includes a
 /// single call of `f` that hangs past the deadline).
-pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut f: F)
+pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    wait_until_every(what, timeout, Duration::from_millis(10), f).await;
+}
+
+/// [`wait_until`], polling every `interval` (for checks too costly to run every 10 ms).
+pub async fn wait_until_every<F, Fut>(what: &str, timeout: Duration, interval: Duration, mut f: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
@@ -47,8 +58,22 @@ where
         if tokio::time::Instant::now() >= deadline {
             panic!("timed out after {timeout:?} waiting for {what}");
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::time::sleep(interval).await;
     }
+}
+
+/// A turn to run alone among the heavy tests; hold it for the whole test.
+///
+/// The integration tests share one process and run two at a time. The heaviest (a three-node
+/// nats-server cluster, thousands of rows with a relay that keeps failing) and those that bound a
+/// latency take turns through this, so that no two of them load the two cores together; the light
+/// tests still run beside them.
+pub async fn heavy() -> tokio::sync::SemaphorePermit<'static> {
+    static HEAVY: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+    HEAVY
+        .acquire()
+        .await
+        .expect("the heavy-test semaphore is never closed")
 }
 
 /// Connects to `url` without TLS (bounded to 10 s), spawns the connection
@@ -66,6 +91,13 @@ pub async fn pg_client(url: &str) -> tokio_postgres::Client {
         let _ = connection.await;
     });
     client
+}
+
+/// `url` (a `postgres://` URL) with `search_path` set to `schema` for every connection made from it,
+/// through the `options` parameter.
+pub fn with_schema(url: &str, schema: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}options=-csearch_path%3D{schema}")
 }
 
 /// A free 127.0.0.1 address (for `--metrics-addr`).

@@ -13,19 +13,17 @@
 //! Cases the property found get a test of their own at the end: headers over JetStream's 64 KiB,
 //! and a known bug of `outbox-relay status` with an infinite `created_at` (ignored until fixed).
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::outbox::{assert_unique, cli, Env, RunningRelay, Stored};
-use common::wait_until;
 use outbox_relay::event::{MAX_AGGREGATE_LEN, MAX_EVENT_TYPE_LEN};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestError, TestRng, TestRunner};
+use testkit::outbox::{assert_unique, cli, Env, RunningRelay, Stored};
+use testkit::wait_until;
 use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
@@ -827,6 +825,7 @@ fn rows_of_any_content_are_published_or_dead_lettered() {
         .enable_all()
         .build()
         .expect("tokio runtime");
+    let _turn = rt.block_on(testkit::heavy());
     let (env, relay) = rt.block_on(async {
         let env = Env::new().await;
         let mut config = env.config();
@@ -1058,7 +1057,7 @@ async fn status_with_an_infinite_created_at_pending() {
         )
         .await
         .expect("insert");
-    let addr = common::free_addr();
+    let addr = testkit::free_addr();
     let mut config = env.config();
     config.metrics_addr = Some(addr);
     config.stats_interval = Duration::from_millis(100);
@@ -1071,7 +1070,7 @@ async fn status_with_an_infinite_created_at_pending() {
     .await;
     // Some stats ticks over the waiting row.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let ready = common::http_get(addr, "/readyz").await;
+    let ready = testkit::http_get(addr, "/readyz").await;
     let (code, out, err) = cli(&env.db, &["status", "--json"]);
     relay.stop().await;
     assert_eq!(code, Some(0), "status --json: {out}{err}");

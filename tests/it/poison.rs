@@ -1,13 +1,11 @@
 //! Poison rows, retries, dead letters and the operator CLI.
 
-mod common;
-
 use std::time::Duration;
 
 use async_nats::jetstream::stream;
-use common::outbox::{cli, Env, STREAM};
-use common::wait_until;
 use serde_json::Value;
+use testkit::outbox::{cli, Env, STREAM};
+use testkit::wait_until;
 
 async fn narrow_stream(env: &Env, subjects: &[&str]) {
     let js = env.js().await;

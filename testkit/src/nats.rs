@@ -1,15 +1,14 @@
 //! Throwaway nats-server instances with JetStream.
 
 use std::ffi::OsString;
-use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use super::proc::{self, TestDir};
+use crate::proc::{self, TestDir};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
@@ -22,19 +21,11 @@ pub const NATS_SERVER_ENV: &str = "OUTBOX_RELAY_TEST_NATS_SERVER";
 fn nats_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        if let Some(p) = std::env::var_os(NATS_SERVER_ENV) {
-            return PathBuf::from(p);
-        }
-        proc::which("nats-server")
-            .or_else(|| {
-                ["/usr/sbin/nats-server", "/usr/local/bin/nats-server"]
-                    .iter()
-                    .map(PathBuf::from)
-                    .find(|p| proc::is_executable(p))
-            })
-            .unwrap_or_else(|| {
-                panic!("nats-server not found on PATH or in /usr/sbin (set ${NATS_SERVER_ENV})")
-            })
+        proc::find_bin(
+            NATS_SERVER_ENV,
+            "nats-server",
+            &format!("nats-server not found on PATH or in /usr/sbin (set ${NATS_SERVER_ENV})"),
+        )
     })
 }
 
@@ -45,13 +36,11 @@ fn nats_bin() -> &'static Path {
 pub struct NatsServer {
     // `Drop for NatsServer` kills the server before the TestDir is removed.
     dir: TestDir,
-    port: u16,
     args: Vec<OsString>,
-    log_path: PathBuf,
     /// Check readiness with a JetStream account-info request (only possible
     /// without auth).
     probe_jetstream: bool,
-    child: Option<Child>,
+    server: proc::Server,
     /// `server_name` and monitoring port of a cluster member
     /// ([`NatsServer::start_cluster`]); `None` for a standalone server.
     server_name: Option<String>,
@@ -112,13 +101,12 @@ impl NatsServer {
         log_path: PathBuf,
         probe_jetstream: bool,
     ) -> NatsServer {
+        let stdio_path = dir.path().join("nats-stdio.log");
         let mut server = NatsServer {
             dir,
-            port,
             args,
-            log_path,
             probe_jetstream,
-            child: None,
+            server: proc::Server::new("nats-server", nats_bin(), port, log_path, stdio_path),
             server_name: None,
             monitor_port: None,
         };
@@ -214,12 +202,12 @@ impl NatsServer {
 
     /// TCP port on 127.0.0.1.
     pub fn port(&self) -> u16 {
-        self.port
+        self.server.port()
     }
 
     /// `nats://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        format!("nats://127.0.0.1:{}", self.port())
     }
 
     /// JetStream store dir (`-sd`); the streams live below it.
@@ -228,45 +216,29 @@ impl NatsServer {
     }
 
     pub fn log_path(&self) -> &Path {
-        &self.log_path
+        self.server.log_path()
     }
 
     /// The last `lines` lines of the server log (plus its stdout/stderr).
     pub fn log_tail(&self, lines: usize) -> String {
-        proc::server_log_tail(&self.log_path, &self.stdio_path(), lines)
-    }
-
-    fn stdio_path(&self) -> PathBuf {
-        self.dir.path().join("nats-stdio.log")
+        self.server.log_tail(lines)
     }
 
     /// PID of the running server, if any.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.server.pid()
     }
 
     /// SIGKILL and wait until the process is reaped and the port is free.
     /// No-op if not running.
     pub fn kill(&mut self) {
-        proc::kill_server(&mut self.child, self.port, "nats-server");
+        self.server.kill();
     }
 
     /// Graceful shutdown (SIGINT), bounded; no-op if not running.
     pub fn stop(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        let _ = proc::send_signal(child.id(), Signal::SIGINT);
-        if proc::wait_child(&mut child, STOP_TIMEOUT).is_none() {
-            let pid = child.id();
-            proc::kill_and_reap(&mut child);
-            panic!(
-                "nats-server (pid {pid}) did not stop within {STOP_TIMEOUT:?} after SIGINT; \
-                 killed it\n{}",
-                self.log_tail(40)
-            );
-        }
-        self.wait_port_free();
+        self.server.stop(Signal::SIGINT, STOP_TIMEOUT);
+        proc::expect_port_free(self.port(), "nats-server");
     }
 
     /// `stop` + `start_again`.
@@ -275,66 +247,17 @@ impl NatsServer {
         self.start_again();
     }
 
-    fn wait_port_free(&self) {
-        proc::expect_port_free(self.port, "nats-server");
-    }
-
     /// Starts the server again with the same port, arguments and store dir
     /// (streams survive) and waits until it is ready.
     pub fn start_again(&mut self) {
-        assert!(
-            self.child.is_none(),
-            "NatsServer::start_again called while nats-server (pid {:?}) is running",
-            self.pid()
-        );
-        let log_start = proc::file_len(&self.log_path);
-        let stdio_path = self.stdio_path();
-        let stdio = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&stdio_path)
-            .unwrap_or_else(|e| panic!("could not open {}: {e}", stdio_path.display()));
-        let stdio2 = stdio.try_clone().expect("could not dup log fd");
-        let mut cmd = Command::new(nats_bin());
-        cmd.args(&self.args)
-            .current_dir(self.dir.path())
-            .stdin(Stdio::null())
-            .stdout(stdio)
-            .stderr(stdio2);
-        let child = proc::spawn_server(cmd)
-            .unwrap_or_else(|e| panic!("could not spawn {}: {e}", nats_bin().display()));
-        self.child = Some(child);
-
-        let deadline = Instant::now() + READY_TIMEOUT;
-        let url = self.url();
-        loop {
-            let child = self.child.as_mut().expect("nats child");
-            if let Ok(Some(status)) = child.try_wait() {
-                self.child = None;
-                panic!(
-                    "nats-server on port {} exited during startup ({status})\n{}",
-                    self.port,
-                    self.log_tail(40)
-                );
-            }
-            let ready = proc::port_accepts(self.port)
-                && proc::read_from(&self.log_path, log_start).contains("Server is ready")
-                && (!self.probe_jetstream || probe_jetstream(&url));
-            if ready {
-                return;
-            }
-            if Instant::now() >= deadline {
-                if let Some(mut child) = self.child.take() {
-                    proc::kill_and_reap(&mut child);
-                }
-                panic!(
-                    "nats-server on port {} not ready within {READY_TIMEOUT:?}\n{}",
-                    self.port,
-                    self.log_tail(40)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let log_start = proc::file_len(self.log_path());
+        let (log_path, url) = (self.log_path().to_path_buf(), self.url());
+        let probe = self.probe_jetstream;
+        self.server
+            .start(&self.args, self.dir.path(), None, READY_TIMEOUT, || {
+                proc::read_from(&log_path, log_start).contains("Server is ready")
+                    && (!probe || probe_jetstream(&url))
+            });
     }
 }
 
@@ -363,9 +286,7 @@ fn probe_jetstream(url: &str) -> bool {
 
 impl Drop for NatsServer {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            proc::kill_and_reap(&mut child);
-        }
+        self.server.shut_down(Signal::SIGKILL, STOP_TIMEOUT);
         // self.dir (TestDir) removes the files afterwards.
     }
 }

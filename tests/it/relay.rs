@@ -1,20 +1,24 @@
 //! End-to-end behaviour of the core relay against real PostgreSQL and nats-server.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::outbox::{assert_unique, CliRelay, Env};
-use common::wait_until;
 use futures::StreamExt;
 use outbox_relay::{enqueue, enqueue_many, migrate, NewEvent};
 use serde_json::json;
+use testkit::outbox::{assert_unique, cli, CliRelay, Env};
+use testkit::wait_until;
+
+/// The relay's own schema check (the one `run` and `status` start with) passes on `db`.
+fn assert_schema_current(db: &str) {
+    let (code, _, err) = cli(db, &["status"]);
+    assert_eq!(code, Some(0), "schema is current: {err}");
+}
 
 #[tokio::test]
 async fn migrate_is_idempotent_and_safe_concurrently() {
-    let db = common::shared_pg().create_database().await;
-    let mut a = common::pg_client(&db).await;
-    let mut b = common::pg_client(&db).await;
+    let db = testkit::shared_pg().create_database().await;
+    let mut a = testkit::pg_client(&db).await;
+    let mut b = testkit::pg_client(&db).await;
     let (ra, rb) = tokio::join!(migrate::migrate(&mut a), migrate::migrate(&mut b));
     let (ra, rb) = (ra.expect("first migrate"), rb.expect("second migrate"));
     assert_eq!(
@@ -29,12 +33,12 @@ async fn migrate_is_idempotent_and_safe_concurrently() {
         .expect("versions")
         .get(0);
     assert_eq!(versions, migrate::MIGRATIONS.len() as i64);
-    migrate::check_schema(&a).await.expect("schema is current");
+    assert_schema_current(&db);
 }
 
 #[tokio::test]
 async fn cli_migrate_print_and_missing_schema_message() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+    let out = testkit::relay_command()
         .args(["migrate", "--print"])
         .output()
         .expect("run");
@@ -44,18 +48,16 @@ async fn cli_migrate_print_and_missing_schema_message() {
     assert!(sql.contains("outbox_dead_letters"));
 
     // The printed script applies cleanly with psql-like batch execution.
-    let db = common::shared_pg().create_database().await;
-    let client = common::pg_client(&db).await;
+    let db = testkit::shared_pg().create_database().await;
+    let client = testkit::pg_client(&db).await;
     client
         .batch_execute(&sql)
         .await
         .expect("printed SQL applies");
-    migrate::check_schema(&client)
-        .await
-        .expect("schema current after --print script");
+    assert_schema_current(&db);
 
-    let empty = common::shared_pg().create_database().await;
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+    let empty = testkit::shared_pg().create_database().await;
+    let out = testkit::relay_command()
         .args(["status", "--database-url", &empty])
         .output()
         .expect("run");
@@ -174,6 +176,7 @@ async fn invalid_events_are_refused_before_the_database() {
 
 #[tokio::test]
 async fn notification_wakes_the_relay_in_milliseconds() {
+    let _turn = testkit::heavy().await;
     let env = Env::new().await;
     let relay = env.spawn(env.config()).await; // fallback 60 s
     let js = env.js().await;
@@ -194,16 +197,15 @@ async fn notification_wakes_the_relay_in_milliseconds() {
             .await
             .expect("insert");
         let want = 2 + i as u64;
-        loop {
-            let mut s = js.get_stream("OUTBOX").await.expect("stream");
-            if s.info().await.expect("info").state.messages >= want {
-                break;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "event {i} not relayed within 5 s (fallback is 60 s)"
-            );
-        }
+        wait_until(
+            &format!("event {i} relayed (fallback is 60 s)"),
+            Duration::from_secs(5).saturating_sub(start.elapsed()),
+            || async {
+                let mut s = js.get_stream("OUTBOX").await.expect("stream");
+                s.info().await.expect("info").state.messages >= want
+            },
+        )
+        .await;
         latencies.push(start.elapsed());
     }
     latencies.sort();
@@ -301,7 +303,7 @@ async fn relay_killed_mid_drain_restarts_and_the_stream_has_each_event_once() {
     let env = Env::new().await;
     env.insert_interleaved(1_000, 20).await; // 20,000 events
     for _ in 0..3 {
-        let relay = CliRelay::spawn(&env, &["--batch-size", "500", "--ordering", "none"]);
+        let relay = CliRelay::run(&env, &["--batch-size", "500", "--ordering", "none"]);
         let start = env.stream_len().await;
         wait_until("relay makes progress", Duration::from_secs(20), || async {
             env.stream_len().await > start + 500
@@ -309,7 +311,7 @@ async fn relay_killed_mid_drain_restarts_and_the_stream_has_each_event_once() {
         .await;
         relay.kill();
     }
-    let relay = CliRelay::spawn(&env, &["--batch-size", "500"]);
+    let relay = CliRelay::run(&env, &["--batch-size", "500"]);
     wait_until("every row processed", Duration::from_secs(60), || async {
         env.count("processed_at IS NULL").await == 0
     })
@@ -372,7 +374,7 @@ async fn two_relays_share_the_table_without_double_processing() {
 async fn sigterm_mid_drain_exits_zero_and_leaves_nothing_locked() {
     let env = Env::new().await;
     env.insert_interleaved(1_000, 30).await; // 30,000 events
-    let relay = CliRelay::spawn(&env, &["--batch-size", "200"]);
+    let relay = CliRelay::run(&env, &["--batch-size", "200"]);
     wait_until("relay makes progress", Duration::from_secs(20), || async {
         env.stream_len().await > 1_000
     })

@@ -1,13 +1,11 @@
 //! Metrics, health endpoints and trace propagation.
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::outbox::Env;
-use common::{free_addr, http_get, wait_until};
 use outbox_relay::{enqueue, NewEvent};
+use testkit::outbox::Env;
+use testkit::{free_addr, http_get, wait_until};
 
 /// Sample lines `name{labels} value` summed by metric name (labels dropped).
 fn samples(text: &str) -> HashMap<String, f64> {
@@ -56,27 +54,33 @@ async fn metrics_match_the_database_during_and_after_a_drain() {
     let relay = env.spawn(config).await;
 
     // During the drain: the endpoint answers and counters only grow.
-    let mut last = 0.0;
-    let mut scrapes_during = 0;
-    while env
-        .count("processed_at IS NULL AND dead_lettered_at IS NULL")
-        .await
-        > 0
-    {
+    let last = std::cell::Cell::new(0.0);
+    let scrapes_during = std::cell::Cell::new(0);
+    wait_until("the drain", Duration::from_secs(60), || async {
+        if env
+            .count("processed_at IS NULL AND dead_lettered_at IS NULL")
+            .await
+            == 0
+        {
+            return true;
+        }
         if let Some((200, body)) = http_get(addr, "/metrics").await {
             let published = samples(&body)
                 .get("outbox_events_published_total")
                 .copied()
                 .unwrap_or(0.0);
             assert!(
-                published >= last,
-                "counter went down: {last} -> {published}"
+                published >= last.get(),
+                "counter went down: {} -> {published}",
+                last.get()
             );
-            last = published;
-            scrapes_during += 1;
+            last.set(published);
+            scrapes_during.set(scrapes_during.get() + 1);
         }
-    }
-    assert!(scrapes_during > 0, "no scrape during the drain");
+        false
+    })
+    .await;
+    assert!(scrapes_during.get() > 0, "no scrape during the drain");
 
     wait_until(
         "gauges refreshed after the drain",

@@ -1,14 +1,15 @@
 //! Process, port and temp-dir plumbing shared by the PostgreSQL and NATS
 //! helpers.
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
+use std::fs::OpenOptions;
 use std::future::Future;
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Once, OnceLock};
@@ -104,6 +105,52 @@ pub(crate) fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitSta
 pub(crate) fn kill_and_reap(child: &mut Child) {
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// Sends `sig` to `child` and waits up to `timeout` for it to exit. When it does not, SIGKILLs it
+/// (and with `with_children` the children it had then) and returns `None`.
+pub(crate) fn signal_and_wait(
+    child: &mut Child,
+    sig: Signal,
+    timeout: Duration,
+    with_children: bool,
+) -> Option<ExitStatus> {
+    let _ = send_signal(child.id(), sig);
+    if let Some(status) = wait_child(child, timeout) {
+        return Some(status);
+    }
+    let children = if with_children {
+        children_of(child.id())
+    } else {
+        Vec::new()
+    };
+    kill_and_reap(child);
+    for c in children {
+        let _ = send_signal(c, Signal::SIGKILL);
+    }
+    None
+}
+
+/// Graceful stop of the server in `child` (no-op if not running): `sig`, then a bounded wait.
+/// Panics with `log_tail` when it had to be killed.
+pub(crate) fn stop_server(
+    child: &mut Option<Child>,
+    sig: Signal,
+    timeout: Duration,
+    with_children: bool,
+    what: &str,
+    log_tail: impl FnOnce() -> String,
+) {
+    let Some(mut child) = child.take() else {
+        return;
+    };
+    if signal_and_wait(&mut child, sig, timeout, with_children).is_none() {
+        panic!(
+            "{what} (pid {}) did not stop within {timeout:?} after {sig}; killed it\n{}",
+            child.id(),
+            log_tail()
+        );
+    }
 }
 
 /// Whether the process `pid` exists and is not a zombie.
@@ -282,6 +329,22 @@ fn remove_stale_dirs() {
 // Misc
 // ---------------------------------------------------------------------------
 
+/// A server binary: `$<env>`, else `name` on PATH, else `/usr/sbin/<name>` (where Debian puts
+/// server packages, off a normal user's PATH) or `/usr/local/bin/<name>`. Panics with `missing`.
+pub(crate) fn find_bin(env: &str, name: &str, missing: &str) -> PathBuf {
+    if let Some(p) = std::env::var_os(env) {
+        return PathBuf::from(p);
+    }
+    which(name)
+        .or_else(|| {
+            ["/usr/sbin", "/usr/local/bin"]
+                .iter()
+                .map(|dir| Path::new(dir).join(name))
+                .find(|p| is_executable(p))
+        })
+        .unwrap_or_else(|| panic!("{missing}"))
+}
+
 /// Finds an executable `name` on PATH.
 pub(crate) fn which(name: impl AsRef<OsStr>) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
@@ -294,12 +357,12 @@ pub(crate) fn is_executable(p: &Path) -> bool {
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
-pub(crate) fn file_len(p: &Path) -> u64 {
+pub fn file_len(p: &Path) -> u64 {
     std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
 }
 
 /// The log text written after byte `from`.
-pub(crate) fn read_from(p: &Path, from: u64) -> String {
+pub fn read_from(p: &Path, from: u64) -> String {
     let bytes = std::fs::read(p).unwrap_or_default();
     let from = (from as usize).min(bytes.len());
     String::from_utf8_lossy(&bytes[from..]).into_owned()
@@ -343,6 +406,141 @@ pub(crate) fn kill_server(child: &mut Option<Child>, port: u16, what: &str) {
     };
     kill_and_reap(&mut child);
     expect_port_free(port, what);
+}
+
+/// A server process of the harness (nats-server, PgBouncer): its child, port and log files. Dropping
+/// it does not stop the process; its owner does that in its own `Drop`.
+#[derive(Debug)]
+pub(crate) struct Server {
+    /// The program's name, for messages.
+    what: &'static str,
+    bin: PathBuf,
+    port: u16,
+    /// The log the server writes itself.
+    log_path: PathBuf,
+    /// Its stdout and stderr, appended to across restarts.
+    stdio_path: PathBuf,
+    child: Option<Child>,
+}
+
+impl Server {
+    pub(crate) fn new(
+        what: &'static str,
+        bin: &Path,
+        port: u16,
+        log_path: PathBuf,
+        stdio_path: PathBuf,
+    ) -> Server {
+        Server {
+            what,
+            bin: bin.to_path_buf(),
+            port,
+            log_path,
+            stdio_path,
+            child: None,
+        }
+    }
+
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub(crate) fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The last `lines` lines of the server's log, plus those of its stdout/stderr if any.
+    pub(crate) fn log_tail(&self, lines: usize) -> String {
+        server_log_tail(&self.log_path, &self.stdio_path, lines)
+    }
+
+    /// SIGKILL and wait until the process is reaped and the port is free. No-op if not running.
+    pub(crate) fn kill(&mut self) {
+        kill_server(&mut self.child, self.port, self.what);
+    }
+
+    /// [`stop_server`] with `sig`, panicking with the log tail when it had to be killed.
+    pub(crate) fn stop(&mut self, sig: Signal, timeout: Duration) {
+        let (log_path, stdio_path) = (self.log_path.clone(), self.stdio_path.clone());
+        stop_server(&mut self.child, sig, timeout, false, self.what, || {
+            server_log_tail(&log_path, &stdio_path, 40)
+        });
+    }
+
+    /// `sig`, a bounded wait, then SIGKILL: for `Drop`.
+    pub(crate) fn shut_down(&mut self, sig: Signal, timeout: Duration) {
+        if let Some(mut child) = self.child.take() {
+            signal_and_wait(&mut child, sig, timeout, false);
+        }
+    }
+
+    /// Starts `args` with stdout and stderr appended to the stdio file (as `run_as`, if set), and
+    /// waits until `ready` says so. Panics with the log tail when the server exits or is not ready
+    /// within `timeout`.
+    pub(crate) fn start(
+        &mut self,
+        args: &[OsString],
+        dir: &Path,
+        run_as: Option<(u32, u32)>,
+        timeout: Duration,
+        mut ready: impl FnMut() -> bool,
+    ) {
+        let what = self.what;
+        assert!(
+            self.child.is_none(),
+            "{what} (pid {:?}) started while it is running",
+            self.pid()
+        );
+        let stdio = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.stdio_path)
+            .unwrap_or_else(|e| panic!("could not open {}: {e}", self.stdio_path.display()));
+        let stdio2 = stdio.try_clone().expect("could not dup log fd");
+        let mut cmd = Command::new(&self.bin);
+        cmd.args(args)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(stdio)
+            .stderr(stdio2);
+        if let Some((uid, gid)) = run_as {
+            cmd.uid(uid).gid(gid);
+        }
+        let child = spawn_server(cmd)
+            .unwrap_or_else(|e| panic!("could not spawn {}: {e}", self.bin.display()));
+        self.child = Some(child);
+
+        let deadline = Instant::now() + timeout;
+        loop {
+            let child = self.child.as_mut().expect("server child");
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                panic!(
+                    "{what} on port {} exited during startup ({status})\n{}",
+                    self.port,
+                    self.log_tail(40)
+                );
+            }
+            if port_accepts(self.port) && ready() {
+                return;
+            }
+            if Instant::now() >= deadline {
+                if let Some(mut child) = self.child.take() {
+                    kill_and_reap(&mut child);
+                }
+                panic!(
+                    "{what} on port {} not ready within {timeout:?}\n{}",
+                    self.port,
+                    self.log_tail(40)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 /// Panics unless `port` is free within 10 s of `what` exiting.

@@ -1,23 +1,14 @@
 //! The sqlx writer (`--features sqlx`): events enqueued in a sqlx transaction are relayed when it
 //! commits and never when it rolls back, with the same validation as the tokio-postgres writer.
-#![cfg(feature = "sqlx")]
-
-mod common;
 
 use std::time::Duration;
 
-use common::outbox::Env;
 use outbox_relay::{ErrorKind, NewEvent};
 use sqlx::postgres::{PgPool, PgPoolOptions};
+use testkit::outbox::Env;
 
 fn event(aggregate_id: &str, n: i32) -> NewEvent {
-    NewEvent::new(
-        "order",
-        aggregate_id,
-        "order.created",
-        &serde_json::json!({ "n": n }),
-    )
-    .expect("event")
+    testkit::outbox::numbered_event(aggregate_id, n)
 }
 
 async fn pool(env: &Env) -> PgPool {
@@ -170,7 +161,7 @@ async fn invalid_event_is_refused_before_the_database() {
 #[tokio::test]
 async fn server_errors_keep_their_message_and_are_not_retryable() {
     // A database without the outbox schema.
-    let db = common::shared_pg().create_database().await;
+    let db = testkit::shared_pg().create_database().await;
     let pool = PgPoolOptions::new()
         .max_connections(1)
         .connect(&db)
@@ -192,13 +183,10 @@ async fn server_errors_keep_their_message_and_are_not_retryable() {
 async fn enqueue_through_pgbouncer_in_transaction_mode() {
     // Through the pooler, a statement cached under a name on one server connection is missing on
     // the next transaction's, and its name taken by another client's on a shared one.
-    let pg = common::shared_pg();
-    let db = pg.create_database().await;
-    let mut direct = common::pg_client(&db).await;
-    outbox_relay::migrate::migrate(&mut direct)
-        .await
-        .expect("migrate");
-    let bouncer = common::PgBouncer::start(pg);
+    let pg = testkit::shared_pg();
+    let db = pg.create_migrated_database().await;
+    let direct = testkit::pg_client(&db).await;
+    let bouncer = testkit::PgBouncer::start(pg);
     let pool = PgPoolOptions::new()
         .max_connections(4)
         .acquire_timeout(Duration::from_secs(10))

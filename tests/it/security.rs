@@ -1,13 +1,12 @@
 //! Credentials: NATS authentication, and secrets never printed.
 
-mod common;
-
 use std::process::Command;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
-use common::{NatsServer, PgCluster, PgOptions};
 use outbox_relay::{Relay, RelayConfig};
+use testkit::outbox::RunningRelay;
+use testkit::{NatsServer, PgCluster, PgOptions};
 
 const SECRET: &str = "s3cret-Pa55";
 
@@ -17,13 +16,30 @@ fn auth_server() -> NatsServer {
     ))
 }
 
+/// `outbox-relay <args>` logging at debug level, against a database that is not there and against
+/// `nats`, the secret the password in both URLs.
+fn with_secrets_in_urls(args: &[&str], nats: &NatsServer) -> Command {
+    let dead_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let mut cmd = testkit::relay_command();
+    cmd.args(args)
+        .env(
+            "DATABASE_URL",
+            format!("postgres://app:{SECRET}@127.0.0.1:{dead_port}/x"),
+        )
+        .env(
+            "NATS_URL",
+            format!("nats://relay:{SECRET}@127.0.0.1:{}", nats.port()),
+        )
+        .env("RUST_LOG", "debug");
+    cmd
+}
+
 async fn migrated_db() -> String {
-    let db = common::shared_pg().create_database().await;
-    let mut client = common::pg_client(&db).await;
-    outbox_relay::migrate::migrate(&mut client)
-        .await
-        .expect("migrate");
-    db
+    testkit::shared_pg().create_migrated_database().await
 }
 
 #[tokio::test]
@@ -48,18 +64,13 @@ async fn nats_user_and_password_in_the_url() {
 
     let mut config = RelayConfig::new(db.clone());
     config.nats_url = good;
-    let token = tokio_util::sync::CancellationToken::new();
-    let relay = tokio::spawn(
-        Relay::new(config)
-            .await
-            .expect("valid config")
-            .run(token.clone()),
-    );
+    let relay = RunningRelay::start(config).await;
     // Right credentials: the relay starts and runs until stopped.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!relay.is_finished(), "the relay stopped on its own");
-    token.cancel();
+    assert!(!relay.handle.is_finished(), "the relay stopped on its own");
+    relay.token.cancel();
     relay
+        .handle
         .await
         .expect("task")
         .expect("right credentials connect");
@@ -88,7 +99,7 @@ async fn nats_user_and_password_in_the_url() {
 async fn cli_output_never_contains_secrets() {
     let nats = auth_server();
     let db = migrated_db().await;
-    let bin = env!("CARGO_BIN_EXE_outbox-relay");
+    let bin = testkit::relay_bin();
 
     // Wrong NATS password: exit 1, says authentication failed, never prints the password.
     let out = Command::new(bin)
@@ -110,25 +121,8 @@ async fn cli_output_never_contains_secrets() {
     // A database password in the URL of a server that is not there: not printed either, in the
     // startup config line nor in the error. (`run` waits for such a database, logging why: see
     // run_waits_for_an_unreachable_database_without_printing_its_password.)
-    let dead_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
     for args in [vec!["status"], vec!["migrate"]] {
-        let out = Command::new(bin)
-            .args(&args)
-            .env(
-                "DATABASE_URL",
-                format!("postgres://app:{SECRET}@127.0.0.1:{dead_port}/x"),
-            )
-            .env(
-                "NATS_URL",
-                format!("nats://relay:{SECRET}@127.0.0.1:{}", nats.port()),
-            )
-            .env("RUST_LOG", "debug")
-            .output()
-            .expect("run");
+        let out = with_secrets_in_urls(&args, &nats).output().expect("run");
         let all = String::from_utf8_lossy(&out.stdout).into_owned()
             + &String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {all}");
@@ -150,22 +144,7 @@ async fn cli_output_never_contains_secrets() {
 #[tokio::test]
 async fn run_waits_for_an_unreachable_database_without_printing_its_password() {
     let nats = auth_server();
-    let dead_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-        .args(["run", "--metrics-addr", "off"])
-        .env(
-            "DATABASE_URL",
-            format!("postgres://app:{SECRET}@127.0.0.1:{dead_port}/x"),
-        )
-        .env(
-            "NATS_URL",
-            format!("nats://relay:{SECRET}@127.0.0.1:{}", nats.port()),
-        )
-        .env("RUST_LOG", "debug")
+    let mut child = with_secrets_in_urls(&["run", "--metrics-addr", "off"], &nats)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -188,7 +167,7 @@ async fn run_waits_for_an_unreachable_database_without_printing_its_password() {
 
 /// The combined stdout and stderr of the CLI run with `args` and `env`.
 fn cli(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    let mut cmd = testkit::relay_command();
     cmd.args(args).env("RUST_LOG", "debug");
     for var in [
         "DATABASE_URL",
@@ -210,7 +189,7 @@ fn cli(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
 
 /// The output of the CLI run with `args` and `env`, stopped after 1.5 s if still running.
 fn run_for_a_while(args: &[&str], env: &[(&str, &str)]) -> String {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    let mut cmd = testkit::relay_command();
     cmd.args(args).env("RUST_LOG", "debug");
     for var in ["PGSSLMODE", "PGSSLROOTCERT", "PGSSLCERT", "PGSSLKEY"] {
         cmd.env_remove(var);
@@ -302,7 +281,11 @@ fn password_cluster(dir: &std::path::Path) -> PgCluster {
     .expect("write pg_hba.conf");
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     std::fs::set_permissions(&hba, std::fs::Permissions::from_mode(0o644)).expect("chmod");
-    PgCluster::start(PgOptions::default().setting("hba_file", hba.display().to_string()))
+    PgCluster::start(
+        PgOptions::default()
+            .setting("hba_file", hba.display().to_string())
+            .setting("log_connections", "on"),
+    )
 }
 
 #[tokio::test]
@@ -315,10 +298,10 @@ async fn passwords_with_quotes_and_spaces_reach_the_server_intact() {
     let pg = tokio::task::spawn_blocking(move || password_cluster(&path))
         .await
         .expect("cluster");
-    let admin_url = pg.create_database().await;
+    let admin_url = pg.create_migrated_database().await;
     let dbname = admin_url.rsplit('/').next().expect("db name").to_string();
     let password = format!(r"it's {SECRET} \ 100%");
-    let mut admin = common::pg_client(&admin_url).await;
+    let admin = testkit::pg_client(&admin_url).await;
     admin
         .batch_execute(&format!(
             "CREATE ROLE app LOGIN SUPERUSER PASSWORD '{}'",
@@ -326,9 +309,6 @@ async fn passwords_with_quotes_and_spaces_reach_the_server_intact() {
         ))
         .await
         .expect("role");
-    outbox_relay::migrate::migrate(&mut admin)
-        .await
-        .expect("migrate");
 
     let port = pg.port();
     let quoted = password.replace('\\', r"\\").replace('\'', r"\'");
@@ -342,45 +322,71 @@ async fn passwords_with_quotes_and_spaces_reach_the_server_intact() {
         format!("postgres://app@127.0.0.1:{port}/{dbname}?password={encoded}"),
     ];
     for url in &good {
-        let client = outbox_relay::connect(url, "outbox-relay-test")
-            .await
-            .unwrap_or_else(|e| panic!("{url}: {e}"));
-        let name: String = client
-            .query_one("SELECT current_setting('application_name')", &[])
-            .await
-            .expect("application_name")
-            .get(0);
-        if url.contains("mine") {
-            assert_eq!(name, r"it's \ mine", "{url}");
-        }
+        let from = testkit::file_len(pg.log_path());
         let (code, all) = cli(&["status"], &[("DATABASE_URL", url)]);
         assert_eq!(code, Some(0), "{url}: {all}");
         assert!(all.contains("pending:"), "{all}");
         assert!(!all.contains(SECRET), "{url} leaked the secret:\n{all}");
+        // The server saw the application name as given (`log_connections`).
+        let log = testkit::read_from(pg.log_path(), from);
+        let names: Vec<&str> = log
+            .lines()
+            .filter_map(|l| {
+                l.split_once("connection authorized: ")?
+                    .1
+                    .split_once(" application_name=")
+            })
+            .map(|(_, name)| name)
+            .collect();
+        assert!(!names.is_empty(), "{url}: no connection logged:\n{log}");
+        if url.contains("mine") {
+            assert!(
+                names.iter().all(|n| *n == r"it's \ mine"),
+                "{url}: {names:?}"
+            );
+        }
     }
 
-    // With --schema the options are added to the parsed parameters; the password still works.
-    let with_schema = outbox_relay::config::with_schema(&good[0], "public").expect("with_schema");
-    let client = outbox_relay::connect(&with_schema, "outbox-relay-test")
-        .await
-        .expect("with_schema keeps the password");
-    let search_path: String = client
-        .query_one("SHOW search_path", &[])
-        .await
-        .expect("search_path")
-        .get(0);
-    assert_eq!(search_path, "public");
+    // With --schema the options are added to the parsed parameters; the password still works:
+    // the relay's LISTEN connection (the one that gets them) finds the outbox of a schema of its
+    // own and arms, which takes an advisory lock.
+    let (code, all) = cli(
+        &["migrate", "--schema", "sec"],
+        &[("DATABASE_URL", &good[0])],
+    );
+    assert_eq!(code, Some(0), "migrate --schema: {all}");
+    let nats = NatsServer::start();
+    testkit::outbox::create_stream(&jetstream::new(
+        async_nats::connect(nats.url()).await.expect("nats"),
+    ))
+    .await;
+    let mut config = RelayConfig::new(good[0].clone());
+    config.nats_url = nats.url();
+    config.schema = Some("sec".into());
+    let relay = RunningRelay::start(config).await;
+    testkit::wait_until(
+        "the relay's LISTEN connection (with --schema, as app) armed",
+        Duration::from_secs(30),
+        || async {
+            let armed: i64 = admin
+                .query_one(
+                    "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+                     WHERE l.locktype = 'advisory' AND l.granted AND a.usename = 'app'",
+                    &[],
+                )
+                .await
+                .expect("pg_locks")
+                .get(0);
+            armed > 0
+        },
+    )
+    .await;
+    relay.stop().await;
 
     // A wrong password fails, and the error does not show the password given.
     let wrong = format!(
         "host=127.0.0.1 port={port} dbname={dbname} user=app password = 'not {SECRET} either'"
     );
-    let err = match outbox_relay::connect(&wrong, "outbox-relay-test").await {
-        Ok(_) => panic!("a wrong password must fail"),
-        Err(e) => e.to_string(),
-    };
-    assert!(err.contains("password authentication failed"), "{err}");
-    assert!(!err.contains(SECRET), "{err}");
     let (code, all) = cli(&["status"], &[("DATABASE_URL", &wrong)]);
     assert_eq!(code, Some(1), "{all}");
     assert!(all.contains("password authentication failed"), "{all}");

@@ -5,15 +5,13 @@
 //! [`Pooled`] is one test database behind a PgBouncer of its own; tests of the relay through the
 //! pooler build on it the same way.
 
-mod common;
-
 use std::collections::HashSet;
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{pg_client, shared_pg, simple_value, PgBouncer};
 use outbox_relay::{enqueue, enqueue_many, process_once, NewEvent};
+use testkit::{pg_client, shared_pg, simple_value, PgBouncer};
 use tokio_postgres::types::Type;
 use uuid::Uuid;
 
@@ -64,7 +62,7 @@ impl Pooled {
 
     /// Runs the CLI with `DATABASE_URL` pointing at the pooler and `--schema` set (bounded).
     async fn cli(&self, args: &[&str]) -> Output {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+        let mut cmd = testkit::relay_command();
         cmd.args(args)
             .args(["--schema", SCHEMA])
             .env("DATABASE_URL", &self.pooled)
@@ -163,13 +161,7 @@ fn run_bounded(mut cmd: Command, what: &str) -> Output {
 }
 
 fn event(aggregate_id: &str, n: usize) -> NewEvent {
-    NewEvent::new(
-        "order",
-        aggregate_id,
-        "order.created",
-        &serde_json::json!({ "n": n }),
-    )
-    .expect("event")
+    testkit::outbox::numbered_event(aggregate_id, n)
 }
 
 fn status_json(stdout: &str) -> serde_json::Value {
@@ -445,10 +437,10 @@ async fn operator_commands_and_writers_through_pgbouncer_with_a_schema() {
 /// pooled server connections.
 #[tokio::test]
 async fn two_relays_through_pgbouncer_with_a_schema() {
-    use common::outbox::{assert_ledger, ledger, Stored, Written};
+    use testkit::outbox::{assert_ledger, ledger, Stored, Written};
     let p = Pooled::new().await;
     p.cli_ok(&["migrate"]).await;
-    let nats = common::NatsServer::start();
+    let nats = testkit::NatsServer::start();
     // A stream on the default subjects.
     let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.expect("nats"));
     js.create_stream(async_nats::jetstream::stream::Config {
@@ -480,7 +472,7 @@ async fn two_relays_through_pgbouncer_with_a_schema() {
     // One relay as documented (`--prepared-statements false`), one left at the default: it finds
     // its prepared statements gone on the next server connection and falls back to unnamed ones.
     let relay = |name: &str, prepared: &str| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+        let mut cmd = testkit::relay_command();
         cmd.args([
             "run",
             "--schema",
@@ -505,21 +497,21 @@ async fn two_relays_through_pgbouncer_with_a_schema() {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
-        common::outbox::ChildGuard(cmd.spawn().expect("spawn the relay"))
+        testkit::outbox::CliRelay::from_command(cmd)
     };
     let relays = [relay("relay-a", "false"), relay("relay-b", "true")];
     // A live stream on top, from two writers at once.
     tokio::join!(writer(20..30, 20), writer(30..40, 20));
 
     let total = 20 * 10 + 2 * 10 * 20;
-    common::wait_until("everything relayed", T, || async {
+    testkit::wait_until("everything relayed", T, || async {
         p.direct_count("processed_at IS NULL").await == 0
     })
     .await;
     let direct = pg_client(&p.direct).await;
     let written: Vec<Written> = ledger(&direct, &format!("{SCHEMA}.outbox_events")).await;
     assert_eq!(written.len(), total);
-    let stored: Vec<Stored> = common::outbox::read_stream(&js, "OUTBOX").await;
+    let stored: Vec<Stored> = testkit::outbox::read_stream(&js, "OUTBOX").await;
     assert_ledger(&written, &stored);
     p.assert_no_session_state("two relays drained through the pooler", 3)
         .await;

@@ -1,13 +1,11 @@
 //! Least privilege and `--schema`: the relay and a writer run under restricted roles, with every
 //! object in a schema of the user's choice.
 
-mod common;
-
 use std::process::Command;
 use std::time::Duration;
 
-use common::outbox::{CliRelay, Env};
-use outbox_relay::{enqueue, NewEvent};
+use outbox_relay::{enqueue, NewEvent, Relay, RelayConfig};
+use testkit::outbox::{CliRelay, Env};
 
 fn role_url(db_url: &str, role: &str) -> String {
     db_url.replacen("postgres://postgres@", &format!("postgres://{role}@"), 1)
@@ -26,7 +24,7 @@ async fn relay_and_writer_under_least_privilege_roles_in_a_custom_schema() {
         .await
         .expect("roles");
 
-    let bin = env!("CARGO_BIN_EXE_outbox-relay");
+    let bin = testkit::relay_bin();
     let out = Command::new(bin)
         .args([
             "migrate",
@@ -57,28 +55,24 @@ async fn relay_and_writer_under_least_privilege_roles_in_a_custom_schema() {
 
     // The relay, as the relay role, in the schema.
     let relay_url = role_url(&env.db, &relay_role);
-    let relay = CliRelay {
-        child: Command::new(bin)
-            .args([
-                "run",
-                "--schema",
-                "app_events",
-                "--metrics-addr",
-                "off",
-                "--fallback-interval",
-                "60s",
-            ])
-            .env("DATABASE_URL", &relay_url)
-            .env("NATS_URL", env.nats.url())
-            .env("RUST_LOG", "warn")
-            .spawn()
-            .expect("spawn relay"),
-    };
+    let mut cmd = testkit::relay_command();
+    cmd.args([
+        "run",
+        "--schema",
+        "app_events",
+        "--metrics-addr",
+        "off",
+        "--fallback-interval",
+        "60s",
+    ])
+    .env("DATABASE_URL", &relay_url)
+    .env("NATS_URL", env.nats.url())
+    .env("RUST_LOG", "warn");
+    let relay = CliRelay::from_command(cmd);
 
     // The writer, as the writer role, in its own transaction.
-    let writer_url =
-        outbox_relay::config::with_schema(&role_url(&env.db, &writer), "app_events").expect("url");
-    let mut w = common::pg_client(&writer_url).await;
+    let writer_url = testkit::with_schema(&role_url(&env.db, &writer), "app_events");
+    let mut w = testkit::pg_client(&writer_url).await;
     let tx = w.transaction().await.expect("tx");
     let id = enqueue(
         &tx,
@@ -104,10 +98,7 @@ async fn relay_and_writer_under_least_privilege_roles_in_a_custom_schema() {
         );
     }
     // The relay role cannot change the schema.
-    let r = common::pg_client(
-        &outbox_relay::config::with_schema(&relay_url, "app_events").expect("url"),
-    )
-    .await;
+    let r = testkit::pg_client(&testkit::with_schema(&relay_url, "app_events")).await;
     assert!(r.batch_execute("DROP TABLE outbox_events").await.is_err());
     assert!(r
         .batch_execute("CREATE TABLE app_events.x (a int)")
@@ -131,11 +122,25 @@ async fn relay_and_writer_under_least_privilege_roles_in_a_custom_schema() {
     assert_eq!(relay.terminate(), Some(0));
 }
 
-#[test]
-fn schema_names_are_checked() {
-    assert!(outbox_relay::config::with_schema("postgres://h/db", "Bad-Name").is_err());
-    assert!(outbox_relay::config::with_schema("postgres://h/db?options=-c%20x%3Dy", "ok").is_err());
-    let out = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+#[tokio::test]
+async fn schema_names_are_checked() {
+    let config = |url: &str, schema: &str| RelayConfig {
+        schema: Some(schema.into()),
+        ..RelayConfig::new(url)
+    };
+    assert!(config("postgres://h/db", "Bad-Name").validate().is_err());
+    // A URL that sets `options` itself cannot take the schema as well: refused before connecting.
+    let refused = tokio::time::timeout(
+        Duration::from_secs(10),
+        Relay::new(config("postgres://127.0.0.1:1/db?options=-c%20x%3Dy", "ok")),
+    )
+    .await
+    .expect("refused at once");
+    let err = refused
+        .err()
+        .expect("a URL with options and --schema is refused");
+    assert!(err.to_string().contains("already sets `options`"), "{err}");
+    let out = testkit::relay_command()
         .args(["migrate", "--print", "--schema", "x;drop"])
         .output()
         .expect("run");

@@ -1,15 +1,12 @@
 //! The `otel` feature: `enqueue` fills `traceparent` from the current tracing span's OpenTelemetry
 //! context, and a `traceparent` the writer gave explicitly wins.
-#![cfg(feature = "otel")]
-
-mod common;
 
 use std::time::Duration;
 
-use common::outbox::{Env, Stored};
 use opentelemetry::trace::{SpanContext, TraceContextExt, TracerProvider as _};
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use outbox_relay::{enqueue, NewEvent};
+use testkit::outbox::{Env, Stored};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::layer::SubscriberExt;

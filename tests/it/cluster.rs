@@ -4,16 +4,15 @@
 //! to a survivor while the stream elects a new leader. The ledger must still hold: every event in
 //! the stream exactly once, in `seq` order per aggregate, nothing dead-lettered.
 
-mod common;
-
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer, stream};
-use common::outbox::{assert_ledger, Env, RunningRelay, Stored, STREAM};
-use common::NatsServer;
 use futures::StreamExt;
 use outbox_relay::metrics::{EventTypeLabel, FailedLabels};
 use outbox_relay::{Relay, RelayConfig};
+use testkit::outbox::{assert_ledger, Env, RunningRelay, Stored, STREAM};
+use testkit::{wait_until_every, NatsServer};
 use tokio_util::sync::CancellationToken;
 
 const NODES: usize = 3;
@@ -28,6 +27,7 @@ const RELAY_CONNECTION_NAME: &str = "outbox-relay";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_killed_mid_drain_loses_and_duplicates_nothing() {
+    let _turn = testkit::heavy().await;
     init_tracing();
     let started = Instant::now();
     let mut nodes = tokio::task::spawn_blocking(|| NatsServer::start_cluster(NODES))
@@ -50,11 +50,8 @@ async fn node_killed_mid_drain_loses_and_duplicates_nothing() {
         started.elapsed()
     );
 
-    let db = common::shared_pg().create_database().await;
-    let mut pg = common::pg_client(&db).await;
-    outbox_relay::migrate::migrate(&mut pg)
-        .await
-        .expect("migrate");
+    let db = testkit::shared_pg().create_migrated_database().await;
+    let pg = testkit::pg_client(&db).await;
 
     let config = RelayConfig {
         database_url: db.clone(),
@@ -213,7 +210,7 @@ async fn node_killed_mid_drain_loses_and_duplicates_nothing() {
     eprintln!("ledger holds; whole test took {:.1?}", started.elapsed());
 }
 
-/// `RUST_LOG=outbox_relay=debug cargo test --test cluster -- --nocapture` shows the relay's log.
+/// `RUST_LOG=outbox_relay=debug cargo test --test it cluster:: -- --nocapture` shows the relay's log.
 fn init_tracing() {
     if std::env::var_os("RUST_LOG").is_some() {
         let _ = tracing_subscriber::fmt()
@@ -300,21 +297,24 @@ async fn move_stream_leader(
             Some(true),
             "step-down refused: {reply}"
         );
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            match stream_leader(js).await {
-                Some(l) if l != leader => {
-                    leader = l;
-                    break;
+        let previous = leader.clone();
+        let new_leader = std::sync::Mutex::new(None);
+        wait_until_every(
+            "a new stream leader after a step-down",
+            Duration::from_secs(15),
+            Duration::from_millis(100),
+            || async {
+                match stream_leader(js).await {
+                    Some(l) if l != previous => {
+                        *new_leader.lock().unwrap() = Some(l);
+                        true
+                    }
+                    _ => false,
                 }
-                _ => {}
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no new stream leader within 15 s of a step-down"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            },
+        )
+        .await;
+        leader = new_leader.into_inner().unwrap().expect("new leader");
     }
     if leader != target {
         eprintln!("note: stream leader stayed off {target} after {tries} step-downs");
@@ -360,53 +360,52 @@ fn meta_leader(nodes: &[NatsServer]) -> Option<String> {
 
 /// Polls the stream's message count every 100 ms until it reaches `n`; returns the count seen.
 async fn wait_stream_messages(js: &jetstream::Context, n: u64, timeout: Duration) -> u64 {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let lookup = tokio::time::timeout(Duration::from_secs(5), js.get_stream(STREAM)).await;
-        if let Ok(Ok(s)) = lookup {
-            let messages = s.cached_info().state.messages;
-            if messages >= n {
-                return messages;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "fewer than {n} messages in the stream after {timeout:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let seen = AtomicU64::new(0);
+    wait_until_every(
+        &format!("{n} messages in the stream"),
+        timeout,
+        Duration::from_millis(100),
+        || async {
+            let lookup = tokio::time::timeout(Duration::from_secs(5), js.get_stream(STREAM)).await;
+            let Ok(Ok(s)) = lookup else {
+                return false;
+            };
+            seen.store(s.cached_info().state.messages, AtomicOrdering::Relaxed);
+            seen.load(AtomicOrdering::Relaxed) >= n
+        },
+    )
+    .await;
+    seen.into_inner()
 }
 
 /// Waits until no row is pending; fails at once when a row is dead-lettered (it would stay
 /// pending, and it is a failure anyway).
 async fn wait_drained(pg: &tokio_postgres::Client, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let row = pg
-            .query_one(
-                "SELECT count(*) FILTER (WHERE processed_at IS NULL),
-                        count(*) FILTER (WHERE dead_lettered_at IS NOT NULL),
-                        max(attempts)
-                 FROM outbox_events",
-                &[],
-            )
-            .await
-            .expect("count pending");
-        let (pending, dead, attempts): (i64, i64, Option<i32>) =
-            (row.get(0), row.get(1), row.get(2));
-        assert_eq!(
-            dead, 0,
-            "{dead} rows dead-lettered while a node was down (max attempts {attempts:?})"
-        );
-        if pending == 0 {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{pending} rows still pending after {timeout:?} (max attempts {attempts:?})"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until_every(
+        "no pending row",
+        timeout,
+        Duration::from_millis(100),
+        || async {
+            let row = pg
+                .query_one(
+                    "SELECT count(*) FILTER (WHERE processed_at IS NULL),
+                            count(*) FILTER (WHERE dead_lettered_at IS NOT NULL),
+                            max(attempts)
+                     FROM outbox_events",
+                    &[],
+                )
+                .await
+                .expect("count pending");
+            let (pending, dead, attempts): (i64, i64, Option<i32>) =
+                (row.get(0), row.get(1), row.get(2));
+            assert_eq!(
+                dead, 0,
+                "{dead} rows dead-lettered while a node was down (max attempts {attempts:?})"
+            );
+            pending == 0
+        },
+    )
+    .await;
 }
 
 /// Every message of the stream, in stream order. Like `Env::stored`, but it tolerates the cluster

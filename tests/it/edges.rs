@@ -2,13 +2,10 @@
 //! rows, big payloads, start order, blocked-aggregate reports, hand-over on stop, two outboxes in
 //! one database. Each test checks the ledger style of the fault suite where events flow.
 
-mod common;
-
-use std::process::Command;
 use std::time::Duration;
 
-use common::outbox::{assert_ledger, assert_unique, cli, CliRelay, Env};
-use common::{free_addr, http_get, pg_client, wait_until, PgCluster, PgOptions};
+use testkit::outbox::{assert_ledger, assert_unique, cli, CliRelay, Env};
+use testkit::{free_addr, http_get, pg_client, wait_until, PgCluster, PgOptions};
 use uuid::Uuid;
 
 async fn ids_in_seq_order(env: &Env, aggregate_id: &str) -> Vec<Uuid> {
@@ -96,7 +93,7 @@ async fn pending_rows_never_share_a_seq() {
     );
 
     // A database at schema version 1 with duplicates (restored by COPY, say), then migrated.
-    let db = common::shared_pg().create_database().await;
+    let db = testkit::shared_pg().create_database().await;
     let mut old = pg_client(&db).await;
     old.batch_execute(outbox_relay::migrate::MIGRATIONS[0].sql)
         .await
@@ -208,7 +205,7 @@ async fn odd_created_at_values_never_panic() {
     let inf = insert("inf", "infinity").await;
     let neg_inf = insert("neg-inf", "-infinity").await;
     let bc = insert("bc", "0100-01-01 00:00:00+00 BC").await;
-    let relay = CliRelay::spawn(&env, &[]);
+    let relay = CliRelay::run(&env, &[]);
     wait_until("odd rows settled", Duration::from_secs(20), || async {
         env.count("processed_at IS NULL AND dead_lettered_at IS NULL")
             .await
@@ -340,8 +337,8 @@ async fn big_payloads_drain_in_bounded_memory() {
         )
         .await
         .expect("insert");
-    let relay = CliRelay::spawn(&env, &[]);
-    let pid = relay.child.id();
+    let relay = CliRelay::run(&env, &[]);
+    let pid = relay.pid();
     drained(&env, Duration::from_secs(120)).await;
     let peak_mb = peak_rss_kb(pid).expect("VmHWM") as f64 / 1024.0;
     assert_ledger(&env.written().await, &env.stored_headers().await);
@@ -396,7 +393,7 @@ async fn relay_waits_for_a_broker_that_starts_later() {
     env.nats.kill();
     let addr = free_addr();
     let addr_arg = addr.to_string();
-    let mut relay = CliRelay::spawn_serving(&env, &["--metrics-addr", &addr_arg]);
+    let mut relay = CliRelay::run_serving(&env, &["--metrics-addr", &addr_arg]);
     wait_until(
         "readyz 503 naming the broker",
         Duration::from_secs(20),
@@ -406,10 +403,7 @@ async fn relay_waits_for_a_broker_that_starts_later() {
     )
     .await;
     assert_eq!(http_get(addr, "/healthz").await.map(|r| r.0), Some(200));
-    assert!(
-        relay.child.try_wait().expect("wait").is_none(),
-        "relay exited while waiting"
-    );
+    assert!(relay.try_wait().is_none(), "relay exited while waiting");
     env.nats.start_again();
     env.wait_stream_len(20, Duration::from_secs(30)).await;
     wait_until("readyz 200", Duration::from_secs(20), || async {
@@ -426,11 +420,8 @@ async fn relay_waits_for_a_database_that_starts_later() {
     let mut pg = tokio::task::spawn_blocking(|| PgCluster::start(PgOptions::default()))
         .await
         .expect("cluster");
-    let db = pg.create_database().await;
-    let mut client = pg_client(&db).await;
-    outbox_relay::migrate::migrate(&mut client)
-        .await
-        .expect("migrate");
+    let env = Env::without_stream(&pg).await;
+    let client = env.client().await;
     client
         .batch_execute(
             "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
@@ -439,8 +430,6 @@ async fn relay_waits_for_a_database_that_starts_later() {
         .await
         .expect("insert");
     drop(client);
-    let nats = common::NatsServer::start();
-    let env = Env { db, nats };
     let mut pg = tokio::task::spawn_blocking(move || {
         pg.stop();
         pg
@@ -449,8 +438,7 @@ async fn relay_waits_for_a_database_that_starts_later() {
     .expect("stop");
     let addr = free_addr();
     let addr_arg = addr.to_string();
-    let mut relay =
-        CliRelay::spawn_serving(&env, &["--create-stream", "--metrics-addr", &addr_arg]);
+    let mut relay = CliRelay::run_serving(&env, &["--create-stream", "--metrics-addr", &addr_arg]);
     wait_until(
         "readyz 503 naming the database",
         Duration::from_secs(20),
@@ -460,10 +448,7 @@ async fn relay_waits_for_a_database_that_starts_later() {
     )
     .await;
     assert_eq!(http_get(addr, "/healthz").await.map(|r| r.0), Some(200));
-    assert!(
-        relay.child.try_wait().expect("wait").is_none(),
-        "relay exited"
-    );
+    assert!(relay.try_wait().is_none(), "relay exited");
     let pg = tokio::task::spawn_blocking(move || {
         pg.start_again();
         pg
@@ -474,7 +459,7 @@ async fn relay_waits_for_a_database_that_starts_later() {
     wait_until(
         "the relay created the stream",
         Duration::from_secs(30),
-        || async { js.get_stream(common::outbox::STREAM).await.is_ok() },
+        || async { js.get_stream(testkit::outbox::STREAM).await.is_ok() },
     )
     .await;
     env.wait_stream_len(10, Duration::from_secs(30)).await;
@@ -485,10 +470,10 @@ async fn relay_waits_for_a_database_that_starts_later() {
 /// Item 7: what waiting cannot heal still fails fast: a missing schema.
 #[tokio::test]
 async fn relay_fails_fast_on_a_missing_schema() {
-    let db = common::shared_pg().create_database().await;
-    let nats = common::NatsServer::start();
+    let db = testkit::shared_pg().create_database().await;
+    let nats = testkit::NatsServer::start();
     let started = std::time::Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+    let out = testkit::relay_command()
         .args(["run", "--metrics-addr", "off"])
         .env("DATABASE_URL", &db)
         .env("NATS_URL", nats.url())
@@ -557,7 +542,7 @@ async fn a_stopping_relay_hands_over_to_the_others() {
     let env = Env::new().await;
     // The idle relay first: nothing to do, it arms and sleeps (its fallback poll is a minute
     // away).
-    let idle = CliRelay::spawn(&env, &[]);
+    let idle = CliRelay::run(&env, &[]);
     let admin = env.client().await;
     wait_until("the idle relay armed", Duration::from_secs(20), || async {
         admin
@@ -584,7 +569,7 @@ async fn a_stopping_relay_hands_over_to_the_others() {
         .batch_execute("ALTER TABLE outbox_events ENABLE TRIGGER outbox_events_notify")
         .await
         .expect("trigger on");
-    let draining = CliRelay::spawn(&env, &["--batch-size", "20"]);
+    let draining = CliRelay::run(&env, &["--batch-size", "20"]);
     wait_until("draining", Duration::from_secs(20), || async {
         env.stream_len().await >= 200
     })

@@ -1,0 +1,35 @@
+//! The integration tests, in one binary with one module per area. Tests share one throwaway
+//! PostgreSQL cluster (`testkit::shared_pg`, a database each); the ones that stop, kill or
+//! reconfigure PostgreSQL start a cluster of their own. Servers and helpers come from `testkit/`.
+//!
+//! `cargo test --test it` runs them all, `cargo test --test it relay::` one module. The modules of
+//! the optional features run with `cargo test --all-features --test it -- otel:: sqlx_writer::`.
+
+mod arbitrary_rows;
+mod cluster;
+mod deploy_files;
+mod edges;
+mod faults;
+mod harness;
+mod mapping;
+mod observability;
+#[cfg(feature = "otel")]
+mod otel;
+mod poison;
+mod pooler;
+mod privileges;
+mod relay;
+mod security;
+#[cfg(feature = "sqlx")]
+mod sqlx_writer;
+mod tls;
+mod wakeup;
+
+/// The harness runs the binary cargo built for this test target.
+#[test]
+fn harness_runs_this_builds_relay_binary() {
+    assert_eq!(
+        testkit::relay_bin(),
+        std::path::Path::new(env!("CARGO_BIN_EXE_outbox-relay"))
+    );
+}
