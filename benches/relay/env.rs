@@ -416,9 +416,11 @@ pub(crate) fn spawn_relay(
     let mut cmd = Command::new(&bin);
     cmd.arg("run")
         .args(["--database-url", db_url])
-        .args(["--nats-url", &ctx.nats_url])
-        .args(["--metrics-addr", "off"])
-        .args(extra)
+        .args(["--nats-url", &ctx.nats_url]);
+    if !extra.iter().any(|a| a == "--metrics-addr") {
+        cmd.args(["--metrics-addr", "off"]);
+    }
+    cmd.args(extra)
         .env(
             "RUST_LOG",
             std::env::var("OUTBOX_BENCH_RELAY_LOG").unwrap_or_else(|_| "warn".into()),
@@ -552,6 +554,16 @@ impl NotifyCounter {
         tokio::time::sleep(Duration::from_millis(200)).await;
         self.count.load(AtomicOrdering::Relaxed)
     }
+}
+
+/// `outbox_wakeups_total{reason="notify"}` of a relay serving `/metrics` on `addr`: how often a
+/// notification woke it from waiting.
+pub(crate) async fn notify_wakeups(addr: std::net::SocketAddr) -> Option<u64> {
+    let (_, body) = testkit::http_get(addr, "/metrics").await?;
+    body.lines()
+        .find_map(|l| l.strip_prefix("outbox_wakeups_total{reason=\"notify\"} "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
 }
 
 pub(crate) fn notify_share(notified: u64, txns: u64) -> String {

@@ -44,7 +44,13 @@ pub(crate) async fn sustained(ctx: Arc<Ctx>, writers: usize, secs: u64) -> Res<R
     let _abort_receiver = AbortOnDrop(receiver);
 
     let notifies = NotifyCounter::start(&db.url).await?;
-    let mut relays = vec![spawn_relay(&ctx, "sustained", &db.url, &[])?];
+    let metrics_addr = testkit::free_addr();
+    let mut relays = vec![spawn_relay(
+        &ctx,
+        "sustained",
+        &db.url,
+        &["--metrics-addr".to_string(), metrics_addr.to_string()],
+    )?];
     if !wait_armed(&db.client, &mut relays, Duration::from_secs(15)).await? {
         row.note("relay not seen armed within 15 s");
     }
@@ -71,9 +77,11 @@ pub(crate) async fn sustained(ctx: Arc<Ctx>, writers: usize, secs: u64) -> Res<R
     };
 
     let notified_before = notifies.settled().await;
+    let woken_before = notify_wakeups(metrics_addr).await;
     let (committed, elapsed) = run_writers(&db.url, writers, Duration::from_secs(secs)).await?;
     let pending_at_end = pending(&db.client).await?;
     let notified = notifies.settled().await - notified_before;
+    let woken = notify_wakeups(metrics_addr).await;
     stop_sampling.cancel();
     let samples = within(Duration::from_secs(10), "pending sampler", async {
         sampler.await.ctx("pending sampler task")
@@ -133,6 +141,18 @@ pub(crate) async fn sustained(ctx: Arc<Ctx>, writers: usize, secs: u64) -> Res<R
     ));
     row.note(format!("caught up {caught_up:.2}s after writers stopped"));
     row.note(notify_share(notified, committed));
+    // A notification that found the relay waiting woke it (one wake-up per idle spell); the rest
+    // reached a relay that was draining anyway: writers paid for nothing.
+    match (woken_before, woken) {
+        (Some(before), Some(after)) => {
+            let busy = notified.saturating_sub(after.saturating_sub(before));
+            row.note(format!(
+                "while the relay was busy: {}",
+                notify_share(busy, committed)
+            ));
+        }
+        _ => row.note("relay metrics not readable: busy share unknown"),
+    }
     row.note("latency = receipt wall clock - clock_timestamp() at the outbox insert (autocommit, business row + outbox row)");
     let db_url = db.url.clone();
     drop(db);
