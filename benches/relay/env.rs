@@ -560,10 +560,12 @@ impl NotifyCounter {
 /// notification woke it from waiting.
 pub(crate) async fn notify_wakeups(addr: std::net::SocketAddr) -> Option<u64> {
     let (_, body) = testkit::http_get(addr, "/metrics").await?;
-    body.lines()
+    // The series appears with the first such wake-up.
+    let value = body
+        .lines()
         .find_map(|l| l.strip_prefix("outbox_wakeups_total{reason=\"notify\"} "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map(|v| v as u64)
+        .map_or(Some(0.0), |v| v.trim().parse::<f64>().ok())?;
+    Some(value as u64)
 }
 
 pub(crate) fn notify_share(notified: u64, txns: u64) -> String {
@@ -572,7 +574,7 @@ pub(crate) fn notify_share(notified: u64, txns: u64) -> String {
     } else {
         0.0
     };
-    format!("NOTIFY in {notified} of {txns} writer txns ({pct:.0}%)")
+    format!("NOTIFY in {notified} of {txns} writer txns ({pct:.2}%)")
 }
 pub(crate) fn slug(s: &str) -> String {
     s.chars()
