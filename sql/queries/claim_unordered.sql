@@ -7,8 +7,7 @@ WITH claimed AS (
            outbox_row_size(e.payload, e.headers) AS size
     FROM outbox_events e
     WHERE e.processed_at IS NULL
-      AND e.dead_lettered_at IS NULL
-      AND (e.retry_after IS NULL OR e.retry_after <= now())
+      AND outbox_eligible(e.dead_lettered_at, e.retry_after)
     ORDER BY e.seq
     LIMIT $1
     FOR UPDATE OF e SKIP LOCKED
