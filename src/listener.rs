@@ -112,14 +112,13 @@ impl Listener {
         });
         // Channel and key come from the schema (outbox_wakeup()): two outboxes in one database
         // never share them.
-        let row = client.query_one(LISTEN, &[]).await?;
-        let listen: String = row.try_get("listen")?;
-        let key: i64 = row.try_get("lock_key")?;
-        client
-            .batch_execute(&format!(
-                "SET lock_timeout = '{ARM_LOCK_TIMEOUT}'; {listen}"
-            ))
-            .await?;
+        let key: i64 = client
+            .query_typed_one(
+                LISTEN,
+                &[(&ARM_LOCK_TIMEOUT, tokio_postgres::types::Type::TEXT)],
+            )
+            .await?
+            .try_get("lock_key")?;
         let statements = (
             client.prepare(ARM).await?,
             client.prepare(DISARM).await?,

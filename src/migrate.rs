@@ -34,6 +34,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "edges",
         sql: include_str!("../sql/migrations/0002_edges.sql"),
     },
+    Migration {
+        version: 3,
+        name: "statements",
+        sql: include_str!("../sql/migrations/0003_statements.sql"),
+    },
 ];
 
 /// The schema version this build of the relay needs.

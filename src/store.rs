@@ -16,15 +16,7 @@ use crate::error::Result;
 use crate::event::OutboxEvent;
 use crate::timestamp::Timestamp;
 
-/// The two ordered claims differ in how they find heads; followers and the mark are shared.
-const CLAIM_ORDERED: &str = concat!(
-    include_str!("../sql/queries/claim_ordered.sql"),
-    include_str!("../sql/queries/claim_ordered_rest.sql")
-);
-const CLAIM_ORDERED_SPARSE: &str = concat!(
-    include_str!("../sql/queries/claim_ordered_sparse.sql"),
-    include_str!("../sql/queries/claim_ordered_rest.sql")
-);
+const CLAIM_ORDERED: &str = include_str!("../sql/queries/claim_ordered.sql");
 const CLAIM_UNORDERED: &str = include_str!("../sql/queries/claim_unordered.sql");
 const RELEASE: &str = include_str!("../sql/queries/release.sql");
 const RECORD_FAILURES: &str = include_str!("../sql/queries/record_failures.sql");
@@ -83,6 +75,8 @@ impl Stmt {
 }
 
 const CLAIM_TYPES: &[Type] = &[Type::INT8, Type::INT8];
+/// `claim_ordered.sql` also takes whether to find heads by hopping between aggregates.
+const CLAIM_ORDERED_TYPES: &[Type] = &[Type::INT8, Type::INT8, Type::BOOL];
 const RELEASE_TYPES: &[Type] = &[Type::UUID_ARRAY];
 const RECORD_FAILURES_TYPES: &[Type] = &[
     Type::UUID_ARRAY,
@@ -94,7 +88,6 @@ const RECORD_FAILURES_TYPES: &[Type] = &[
 
 struct Statements {
     claim_ordered: Stmt,
-    claim_ordered_sparse: Stmt,
     claim_unordered: Stmt,
     release: Stmt,
     record_failures: Stmt,
@@ -220,9 +213,7 @@ impl Store {
             client.batch_execute(&session.begin).await?;
         }
         let statements = Statements {
-            claim_ordered: Stmt::new(&client, CLAIM_ORDERED, CLAIM_TYPES, prepare).await?,
-            claim_ordered_sparse: Stmt::new(&client, CLAIM_ORDERED_SPARSE, CLAIM_TYPES, prepare)
-                .await?,
+            claim_ordered: Stmt::new(&client, CLAIM_ORDERED, CLAIM_ORDERED_TYPES, prepare).await?,
             claim_unordered: Stmt::new(&client, CLAIM_UNORDERED, CLAIM_TYPES, prepare).await?,
             release: Stmt::new(&client, RELEASE, RELEASE_TYPES, prepare).await?,
             record_failures: Stmt::new(&client, RECORD_FAILURES, RECORD_FAILURES_TYPES, prepare)
@@ -259,7 +250,6 @@ impl Store {
         let sparse = self.sparse && ordering == Ordering::Aggregate;
         let statement = match ordering {
             Ordering::None => &statements.claim_unordered,
-            Ordering::Aggregate if sparse => &statements.claim_ordered_sparse,
             Ordering::Aggregate => &statements.claim_ordered,
         };
         // After a claim cut by the byte budget, claim about twice what fit then: every candidate's
@@ -268,10 +258,11 @@ impl Store {
         let limit = limit.min(self.limit_hint.max(1));
         let limit_i64 = i64::try_from(limit).unwrap_or(i64::MAX);
         let bytes_i64 = i64::try_from(max_bytes).unwrap_or(i64::MAX);
+        let params: [&(dyn ToSql + Sync); 3] = [&limit_i64, &bytes_i64, &sparse];
         self.in_tx = true;
         let (begun, rows) = futures::join!(
             client.batch_execute(&self.session.begin),
-            read_claim(client, statement, limit_i64, bytes_i64)
+            read_claim(client, statement, claim_params(&params, ordering))
         );
         let rows = match (begun, rows) {
             (Ok(()), rows) => rows?,
@@ -341,13 +332,24 @@ struct ClaimedRow {
     held: bool,
 }
 
+/// The claim's parameters (rows, bytes, hop) as `ordering`'s statement takes them: the unordered
+/// claim has no heads to find.
+fn claim_params<'a>(
+    params: &'a [&'a (dyn ToSql + Sync); 3],
+    ordering: Ordering,
+) -> &'a [&'a (dyn ToSql + Sync)] {
+    match ordering {
+        Ordering::None => &params[..2],
+        Ordering::Aggregate => &params[..],
+    }
+}
+
 async fn read_claim(
     client: &Client,
     statement: &Stmt,
-    limit: i64,
-    max_bytes: i64,
+    params: &[&(dyn ToSql + Sync)],
 ) -> Result<Vec<ClaimedRow>> {
-    let stream = statement.query_raw(client, &[&limit, &max_bytes]).await?;
+    let stream = statement.query_raw(client, params).await?;
     futures::pin_mut!(stream);
     let mut rows = Vec::new();
     while let Some(row) = stream.try_next().await? {

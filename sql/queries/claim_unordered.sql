@@ -7,15 +7,14 @@ WITH claimed AS (
            outbox_row_size(e.payload, e.headers) AS size
     FROM outbox_events e
     WHERE e.processed_at IS NULL
-      AND e.dead_lettered_at IS NULL
-      AND (e.retry_after IS NULL OR e.retry_after <= now())
+      AND outbox_eligible(e.dead_lettered_at, e.retry_after)
     ORDER BY e.seq
     LIMIT $1
     FOR UPDATE OF e SKIP LOCKED
 ), total AS (
     SELECT coalesce(sum(size), 0) AS bytes FROM claimed
 ), plan AS (
-    -- Byte budget: see claim_ordered_rest.sql (the common case pays no sort).
+    -- Byte budget: see claim_ordered.sql (the common case pays no sort).
     SELECT c.id, c.seq, c.aggregate_type, c.aggregate_id, true AS publish
     FROM claimed c
     WHERE (SELECT bytes FROM total) <= $2
@@ -29,7 +28,7 @@ WITH claimed AS (
 ), marked AS (
     UPDATE outbox_events u
     SET processed_at = now(), retry_after = NULL
-    WHERE u.id = ANY(ARRAY(SELECT p.id FROM plan p WHERE p.publish)) -- primary-key probes, see claim_ordered_rest.sql
+    WHERE u.id = ANY(ARRAY(SELECT p.id FROM plan p WHERE p.publish)) -- primary-key probes, see claim_ordered.sql
     RETURNING u.id, u.seq, u.aggregate_type, u.aggregate_id, u.event_type,
               u.payload::text AS payload, u.headers::text AS headers, u.attempts, u.created_at,
               true AS eligible, false AS held

@@ -1,2 +1,4 @@
--- This outbox's LISTEN statement and arming key (schema version 2: derived from its schema).
-SELECT format('LISTEN %I', channel) AS listen, lock_key FROM outbox_wakeup()
+-- The listener's session: lock_timeout $1 bounds arming (see arm.sql); outbox_listen() (schema
+-- version 3) LISTENs on this outbox's channel, from the commit of this statement, and returns its
+-- arming key. Channel and key derive from the schema (outbox_wakeup()).
+SELECT set_config('lock_timeout', $1::text, false) AS lock_timeout, outbox_listen() AS lock_key
