@@ -36,8 +36,11 @@ pub(super) struct Processor<'a> {
 enum Next {
     /// The batch was full: claim again at once.
     Again,
-    /// Claim again after this pause (rows still arriving, or trouble).
+    /// Claim again after this pause (trouble).
     After(Duration),
+    /// The batch found rows but was not full: the drain is probably ending; poll again after
+    /// [`LINGER`].
+    Linger,
     /// The poll came back empty.
     Idle,
 }
@@ -79,6 +82,7 @@ impl<'a> Processor<'a> {
     /// Claims batches until a poll comes back empty (true) or shutdown (false).
     async fn drain(&mut self, mut wake: Wake, shutdown: &CancellationToken) -> bool {
         let mut backlog = false;
+        let mut first = true;
         loop {
             if shutdown.is_cancelled() {
                 return false;
@@ -86,15 +90,26 @@ impl<'a> Processor<'a> {
             self.metrics.wakeup(wake.label());
             let result = self.batch(backlog).await;
             backlog = matches!(result, Ok(r) if r.full);
-            match self.next(result) {
+            let delay = match self.next(result) {
                 Next::Idle => return true,
-                Next::Again => {}
-                Next::After(delay) => {
-                    if !pause(shutdown, delay).await {
-                        return false;
+                Next::Again => None,
+                Next::After(delay) => Some(delay),
+                Next::Linger => {
+                    if first {
+                        // The wake-up brought a small batch: the drain is probably over. Ask
+                        // for arming now, so that the relay is armed by the time it idles (the
+                        // first writer that commits meanwhile notifies and disarms it again).
+                        self.signals.update_arming(Arming::request);
                     }
+                    Some(LINGER)
+                }
+            };
+            if let Some(delay) = delay {
+                if !pause(shutdown, delay).await {
+                    return false;
                 }
             }
+            first = false;
             wake = Wake::Backlog;
         }
     }
@@ -151,7 +166,7 @@ impl<'a> Processor<'a> {
             // Rows are still arriving. Poll again shortly instead of arming: arming makes every
             // writer notify (and serialise its commit) until the relay wakes, which under steady
             // load would be most of the time.
-            Next::After(LINGER)
+            Next::Linger
         }
     }
 
