@@ -60,8 +60,17 @@ pub enum Command {
     /// Create or upgrade the outbox schema (idempotent; safe to run concurrently).
     Migrate {
         /// Print the SQL instead of applying it (for your own migration tool).
-        #[arg(long)]
+        #[arg(long, conflicts_with_all = ["check", "status"])]
         print: bool,
+        /// With --print: only the migrations from this version on.
+        #[arg(long, requires = "print", value_name = "VERSION", value_parser = clap::value_parser!(i32).range(1..))]
+        from: Option<i32>,
+        /// Apply nothing; exit 1 when migrations are pending (a deploy gate).
+        #[arg(long, conflicts_with = "status")]
+        check: bool,
+        /// Apply nothing; list each version as applied or pending.
+        #[arg(long)]
+        status: bool,
         /// Grant ROLE what writers need (INSERT into the outbox), after migrating.
         #[arg(long, value_name = "ROLE")]
         grant_writer: Vec<String>,

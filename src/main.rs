@@ -94,17 +94,50 @@ fn schema(cli: &Cli) -> Result<Option<&str>, Error> {
 
 async fn execute(cli: Cli) -> Result<(), Error> {
     match &cli.command {
-        Command::Migrate { print: true, .. } => {
+        Command::Migrate {
+            print: true, from, ..
+        } => {
             if let Some(schema) = &cli.schema {
                 validate_schema(schema)?;
             }
-            print!("{}", migrate::script(cli.schema.as_deref()));
+            print!(
+                "{}",
+                migrate::script_from(cli.schema.as_deref(), from.unwrap_or(1))
+            );
+            Ok(())
+        }
+        Command::Migrate { check, status, .. } if *check || *status => {
+            let (mut client, schema) = connect(&cli).await?;
+            let applied = migrate::applied_in(&mut client, schema).await?;
+            let pending = migrate::pending(&applied);
+            if *status {
+                for m in migrate::MIGRATIONS {
+                    let state = if applied.contains(&m.version) {
+                        "applied"
+                    } else {
+                        "pending"
+                    };
+                    println!("{:04}_{}  {state}", m.version, m.name);
+                }
+            }
+            if *check {
+                if pending.is_empty() {
+                    println!(
+                        "schema is up to date (version {})",
+                        migrate::current_version()
+                    );
+                } else {
+                    let versions: Vec<i32> = pending.iter().map(|m| m.version).collect();
+                    println!("pending migrations: {versions:?}");
+                }
+                migrate::require_applied(&applied)?;
+            }
             Ok(())
         }
         Command::Migrate {
-            print: false,
             grant_writer,
             grant_relay,
+            ..
         } => {
             let url = raw_database_url(&cli)?;
             let schema = schema(&cli)?;

@@ -140,8 +140,52 @@ pub async fn migrate_in(client: &mut Client, schema: Option<&str>) -> Result<Vec
     Ok(now)
 }
 
+/// The versions applied in `schema` (`None`: the connection's search_path), oldest first; empty
+/// when the outbox schema does not exist yet. Read in a transaction of its own.
+pub async fn applied_in(client: &mut Client, schema: Option<&str>) -> Result<Vec<i32>> {
+    let tx = transaction_in(client, schema).await?;
+    let exists: bool = tx.query_typed_one(SCHEMA_EXISTS, &[]).await?.get(0);
+    let applied = if exists {
+        tx.query_typed(APPLIED, &[])
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    tx.commit().await?;
+    Ok(applied)
+}
+
+/// The migrations of this build that `applied` does not hold, in order.
+pub fn pending(applied: &[i32]) -> Vec<&'static Migration> {
+    MIGRATIONS
+        .iter()
+        .filter(|m| !applied.contains(&m.version))
+        .collect()
+}
+
+/// Fails as [`check_schema`] does when a migration of this build is not in `applied`.
+pub fn require_applied(applied: &[i32]) -> Result<()> {
+    if pending(applied).is_empty() {
+        Ok(())
+    } else {
+        Err(Error::schema_missing(
+            applied.iter().copied().max(),
+            current_version(),
+        ))
+    }
+}
+
 /// The whole migration as one script, for users who apply migrations with their own tool.
 pub fn script(schema: Option<&str>) -> String {
+    script_from(schema, 1)
+}
+
+/// [`script`] with the migrations from version `from` on (for a database that has the earlier
+/// ones): each is recorded in `outbox_schema_migrations` as `migrate` does.
+pub fn script_from(schema: Option<&str>, from: i32) -> String {
     let mut out = String::from("-- outbox-relay schema; apply in one transaction.\nBEGIN;\n");
     if let Some(schema) = schema {
         out.push_str(&format!(
@@ -150,7 +194,7 @@ pub fn script(schema: Option<&str>) -> String {
         ));
     }
     out.push_str(PREPARE);
-    for m in MIGRATIONS {
+    for m in MIGRATIONS.iter().filter(|m| m.version >= from) {
         out.push_str(&format!(
             "\n-- migration {:04}_{}\n{}\nINSERT INTO outbox_schema_migrations (version, name) VALUES ({}, '{}') ON CONFLICT DO NOTHING;\n",
             m.version, m.name, m.sql, m.version, m.name

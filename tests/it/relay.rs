@@ -66,6 +66,89 @@ async fn cli_migrate_print_and_missing_schema_message() {
     assert!(err.contains("outbox-relay migrate"), "{err}");
 }
 
+/// `migrate --check` gates a deploy (exit 1 while migrations are pending), `--status` lists each
+/// version, `--print --from N` prints only the later migrations, and bad combinations are usage
+/// errors.
+#[tokio::test]
+async fn migrate_check_status_and_print_from() {
+    let db = testkit::shared_pg().create_database().await;
+    let run = |args: &[&str]| {
+        let out = testkit::relay_command()
+            .args(args)
+            .args(["--database-url", &db])
+            .output()
+            .expect("run");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let versions: Vec<i32> = migrate::MIGRATIONS.iter().map(|m| m.version).collect();
+    let latest = *versions.last().expect("migrations");
+
+    let (code, out, err) = run(&["migrate", "--check"]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        out.contains(&format!("pending migrations: {versions:?}")),
+        "{out}"
+    );
+    assert!(err.contains("outbox-relay migrate"), "{err}");
+    let (code, out, _) = run(&["migrate", "--status"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(out.matches("  pending").count(), versions.len(), "{out}");
+
+    // Everything but the latest migration, as another tool would have applied it.
+    let client = testkit::pg_client(&db).await;
+    let (code, first_part, _) = run(&["migrate", "--print"]);
+    assert_eq!(code, Some(0));
+    let cut = first_part
+        .find(&format!("-- migration {latest:04}_"))
+        .expect("the latest migration in the script");
+    client
+        .batch_execute(&format!("{}COMMIT;\n", &first_part[..cut]))
+        .await
+        .expect("earlier migrations apply");
+    let (code, out, _) = run(&["migrate", "--check"]);
+    assert_eq!(code, Some(1));
+    assert!(
+        out.contains(&format!("pending migrations: [{latest}]")),
+        "{out}"
+    );
+    let (_, out, _) = run(&["migrate", "--status"]);
+    assert_eq!(
+        out.matches("  applied").count(),
+        versions.len() - 1,
+        "{out}"
+    );
+
+    let (code, rest, _) = run(&["migrate", "--print", "--from", &latest.to_string()]);
+    assert_eq!(code, Some(0));
+    assert!(
+        rest.contains(&format!("-- migration {latest:04}_")),
+        "{rest}"
+    );
+    assert!(!rest.contains("-- migration 0001_"), "{rest}");
+    client.batch_execute(&rest).await.expect("the rest applies");
+    let (code, out, _) = run(&["migrate", "--check"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains(&format!("schema is up to date (version {latest})")),
+        "{out}"
+    );
+    assert_schema_current(&db);
+
+    for bad in [
+        &["migrate", "--from", "2"][..],
+        &["migrate", "--check", "--status"][..],
+        &["migrate", "--print", "--check"][..],
+        &["migrate", "--print", "--from", "0"][..],
+    ] {
+        let (code, _, err) = run(bad);
+        assert_eq!(code, Some(2), "{bad:?}: {err}");
+    }
+}
+
 #[tokio::test]
 async fn classic_sql_insert_is_relayed_with_all_headers() {
     let env = Env::new().await;
