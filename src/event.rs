@@ -68,11 +68,7 @@ impl NewEvent {
     /// Checks everything the database and NATS would otherwise reject later, when it is too late to
     /// tell the writer.
     pub fn validate(&self) -> Result<()> {
-        validate_name("aggregate_type", &self.aggregate_type, MAX_AGGREGATE_LEN)?;
-        validate_name("aggregate_id", &self.aggregate_id, MAX_AGGREGATE_LEN)?;
-        validate_event_type(&self.event_type)?;
-        validate_headers(&self.headers)?;
-        validate_header_block(
+        validate_parts(
             &self.aggregate_type,
             &self.aggregate_id,
             &self.event_type,
@@ -121,17 +117,27 @@ impl OutboxEvent {
                 self.created_at
             )));
         }
-        validate_name("aggregate_type", &self.aggregate_type, MAX_AGGREGATE_LEN)?;
-        validate_name("aggregate_id", &self.aggregate_id, MAX_AGGREGATE_LEN)?;
-        validate_event_type(&self.event_type)?;
-        validate_headers(&self.headers)?;
-        validate_header_block(
+        validate_parts(
             &self.aggregate_type,
             &self.aggregate_id,
             &self.event_type,
             &self.headers,
         )
     }
+}
+
+/// The rules a new event and a claimed row share: names, event type, headers and their block.
+fn validate_parts(
+    aggregate_type: &str,
+    aggregate_id: &str,
+    event_type: &str,
+    headers: &BTreeMap<String, String>,
+) -> Result<()> {
+    validate_name("aggregate_type", aggregate_type, MAX_AGGREGATE_LEN)?;
+    validate_name("aggregate_id", aggregate_id, MAX_AGGREGATE_LEN)?;
+    validate_event_type(event_type)?;
+    validate_headers(headers)?;
+    validate_header_block(aggregate_type, aggregate_id, event_type, headers)
 }
 
 fn validate_name(field: &str, value: &str, max: usize) -> Result<()> {

@@ -122,14 +122,9 @@ pub async fn migrate_in(client: &mut Client, schema: Option<&str>) -> Result<Vec
         create_schema(&tx, schema).await?;
     }
     tx.batch_execute(PREPARE).await?;
-    let applied: Vec<i32> = tx
-        .query_typed(APPLIED, &[])
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let applied = applied(&tx).await?;
     let mut now = Vec::new();
-    for m in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
+    for m in pending(&applied) {
         tracing::info!(version = m.version, name = m.name, "applying migration");
         tx.batch_execute(m.sql).await?;
         tx.execute_typed(RECORD, &[(&m.version, Type::INT4), (&m.name, Type::TEXT)])
@@ -145,17 +140,23 @@ pub async fn migrate_in(client: &mut Client, schema: Option<&str>) -> Result<Vec
 pub async fn applied_in(client: &mut Client, schema: Option<&str>) -> Result<Vec<i32>> {
     let tx = transaction_in(client, schema).await?;
     let exists: bool = tx.query_typed_one(SCHEMA_EXISTS, &[]).await?.get(0);
-    let applied = if exists {
-        tx.query_typed(APPLIED, &[])
-            .await?
-            .iter()
-            .map(|r| r.get(0))
-            .collect()
+    let versions = if exists {
+        applied(&tx).await?
     } else {
         Vec::new()
     };
     tx.commit().await?;
-    Ok(applied)
+    Ok(versions)
+}
+
+/// The versions recorded in `outbox_schema_migrations`, oldest first (the table must exist).
+async fn applied<C: GenericClient + Sync>(client: &C) -> Result<Vec<i32>> {
+    Ok(client
+        .query_typed(APPLIED, &[])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
 }
 
 /// The migrations of this build that `applied` does not hold, in order.
