@@ -28,7 +28,7 @@ use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use async_nats::jetstream::AckKind;
 use clap::Parser;
 use futures::StreamExt;
-use outbox_relay::wire::{HEADER_AGGREGATE_ID, HEADER_EVENT_ID};
+use outbox_relay::wire::{CE_ID, HEADER_EVENT_ID};
 use uuid::Uuid;
 
 #[derive(Debug, Parser)]
@@ -147,10 +147,11 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
         };
         counts.messages += 1;
 
+        // Outbox-Event-Id, or ce-id with --headers cloudevents: either is the outbox id.
         let Some(event_id) = outbox_relay::consumer::event_id(msg.headers.as_ref()) else {
             // Not published by the relay: it cannot be deduplicated, so do not guess.
             eprintln!(
-                "{}: no valid {HEADER_EVENT_ID} header, terminating the message",
+                "{}: no valid {HEADER_EVENT_ID} or {CE_ID} header, terminating the message",
                 msg.subject
             );
             msg.ack_with(AckKind::Term).await?;
@@ -205,11 +206,9 @@ async fn handle(
     let tx = db.transaction().await?;
     let first = outbox_relay::process_once(&tx, event_id).await?;
     if first {
-        let aggregate_id = msg
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(HEADER_AGGREGATE_ID))
-            .map(|v| v.as_str().to_string());
+        // Outbox-Aggregate-Id, or ce-subject when the relay runs with --headers cloudevents.
+        let aggregate_id =
+            outbox_relay::consumer::aggregate_id(msg.headers.as_ref()).map(str::to_string);
         let payload: Option<serde_json::Value> = serde_json::from_slice(&msg.payload).ok();
         tx.execute(
             "INSERT INTO example_handled (event_id, subject, aggregate_id, payload)

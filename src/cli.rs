@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use outbox_relay::{NotifyMode, Ordering, RelayConfig};
+use outbox_relay::{HeaderFormat, NotifyMode, Ordering, RelayConfig};
 use uuid::Uuid;
 
 /// The library's defaults are the CLI's: written once, in `RelayConfig::default()`.
@@ -153,6 +153,33 @@ impl From<OrderingArg> for Ordering {
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum HeaderFormatArg {
+    Outbox,
+    Cloudevents,
+    Both,
+}
+
+impl From<HeaderFormat> for HeaderFormatArg {
+    fn from(f: HeaderFormat) -> Self {
+        match f {
+            HeaderFormat::Outbox => HeaderFormatArg::Outbox,
+            HeaderFormat::CloudEvents => HeaderFormatArg::Cloudevents,
+            HeaderFormat::Both => HeaderFormatArg::Both,
+        }
+    }
+}
+
+impl From<HeaderFormatArg> for HeaderFormat {
+    fn from(f: HeaderFormatArg) -> Self {
+        match f {
+            HeaderFormatArg::Outbox => HeaderFormat::Outbox,
+            HeaderFormatArg::Cloudevents => HeaderFormat::CloudEvents,
+            HeaderFormatArg::Both => HeaderFormat::Both,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum NotifyModeArg {
     Gated,
     Always,
@@ -207,12 +234,32 @@ pub struct RunArgs {
     /// JetStream stream (checked at start).
     #[arg(long, env = "OUTBOX_STREAM", default_value_t = defaults().stream)]
     pub stream: String,
-    /// Create the stream when it is missing (file storage, subjects <prefix>.>, 2m+ dedup window).
+    /// Create the stream when it is missing (file storage, subjects <prefix>.> or the subject
+    /// template's leading literal tokens followed by `>`, 2m+ dedup window).
     #[arg(long, env = "OUTBOX_CREATE_STREAM")]
     pub create_stream: bool,
     /// Events go to <prefix>.<event_type>.
     #[arg(long, env = "OUTBOX_SUBJECT_PREFIX", default_value_t = defaults().subject_prefix)]
     pub subject_prefix: String,
+    /// Route events by their fields instead: placeholders {event_type}, {aggregate_type} and
+    /// {aggregate_id}, for example `orders.{aggregate_type}.{event_type}` (default:
+    /// `<prefix>.{event_type}`). A row whose values make an invalid subject is dead-lettered.
+    #[arg(
+        long,
+        env = "OUTBOX_SUBJECT_TEMPLATE",
+        conflicts_with = "subject_prefix",
+        value_name = "TEMPLATE"
+    )]
+    pub subject_template: Option<String>,
+    /// Metadata headers on each message: `outbox` (Outbox-*), `cloudevents` (the CloudEvents NATS
+    /// binding: ce-specversion, ce-id, ce-type, ce-source, ce-time, ce-subject, content-type), or
+    /// `both`. Nats-Msg-Id is always set.
+    #[arg(long, env = "OUTBOX_HEADERS", value_enum, default_value_t = defaults().header_format.into())]
+    pub headers: HeaderFormatArg,
+    /// CloudEvents `source` (a URI-reference naming the producer, e.g. /orders-service), sent as
+    /// ce-source with --headers cloudevents or both.
+    #[arg(long, env = "OUTBOX_CE_SOURCE", default_value_t = defaults().ce_source)]
+    pub ce_source: String,
     /// Poll this often even without notifications.
     #[arg(long, env = "OUTBOX_FALLBACK_INTERVAL", default_value_t = defaults().fallback_interval.into())]
     pub fallback_interval: humantime::Duration,

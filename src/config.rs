@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::subject::SubjectTemplate;
 
 pub use crate::db::{validate_schema, with_schema};
 
@@ -32,6 +33,20 @@ pub enum NotifyMode {
     Always,
     /// No LISTEN at all: the relay polls every `fallback_interval`.
     Poll,
+}
+
+/// Which metadata headers the relay sets on each message (`Nats-Msg-Id` is always set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HeaderFormat {
+    /// `Outbox-Event-Id`, `Outbox-Aggregate-Type`, `Outbox-Aggregate-Id`, `Outbox-Event-Type`,
+    /// `Outbox-Created-At` (see [`crate::wire`]).
+    #[default]
+    Outbox,
+    /// The CloudEvents NATS binding (binary mode): `ce-specversion`, `ce-id`, `ce-type`,
+    /// `ce-source`, `ce-time`, `ce-subject`, and `content-type` for the JSON payload.
+    CloudEvents,
+    /// Both sets, for consumers moving from one to the other.
+    Both,
 }
 
 /// `Debug` shows the URLs redacted (see [`RelayConfig::redacted`]).
@@ -61,8 +76,17 @@ pub struct RelayConfig {
     pub stream: String,
     /// Create `stream` when it is missing.
     pub create_stream: bool,
-    /// Events are published to `<subject_prefix>.<event_type>`.
+    /// Events are published to `<subject_prefix>.<event_type>` (unless `subject_template` is set).
     pub subject_prefix: String,
+    /// Where each event goes, with placeholders `{event_type}`, `{aggregate_type}` and
+    /// `{aggregate_id}`, for example `orders.{aggregate_type}.{event_type}`. `None`:
+    /// `<subject_prefix>.{event_type}`. A row whose values make an invalid subject is dead-lettered.
+    pub subject_template: Option<String>,
+    /// Metadata headers: the `Outbox-*` ones, CloudEvents', or both.
+    pub header_format: HeaderFormat,
+    /// CloudEvents `source` attribute (a URI-reference naming the producer, for example
+    /// `/orders-service`), sent as `ce-source` with [`HeaderFormat::CloudEvents`] or `Both`.
+    pub ce_source: String,
     /// Poll this often even without notifications (they can be lost during a reconnect).
     pub fallback_interval: Duration,
     /// Rows claimed per transaction.
@@ -109,6 +133,9 @@ impl Default for RelayConfig {
             stream: "OUTBOX".into(),
             create_stream: false,
             subject_prefix: "outbox".into(),
+            subject_template: None,
+            header_format: HeaderFormat::Outbox,
+            ce_source: DEFAULT_CE_SOURCE.into(),
             fallback_interval: Duration::from_secs(5),
             batch_size: 1000,
             max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
@@ -128,6 +155,9 @@ impl Default for RelayConfig {
 
 /// Largest batch accepted: bounds memory and the acks in flight.
 pub const MAX_BATCH_SIZE: usize = 10_000;
+
+/// Default CloudEvents `source`: names the relay; set `ce_source` to name the producing service.
+pub const DEFAULT_CE_SOURCE: &str = "/outbox-relay";
 
 /// Default byte budget of a batch: 32 MiB.
 pub const DEFAULT_MAX_BATCH_BYTES: usize = 32 * 1024 * 1024;
@@ -174,6 +204,26 @@ impl RelayConfig {
             ));
         }
         crate::event::validate_subject_prefix(&self.subject_prefix)?;
+        let subjects = self.subjects()?;
+        if self.create_stream && subjects.stream_subject().is_none() {
+            return Err(Error::config(
+                "subject_template",
+                "starts with a placeholder, so no stream subject can capture it: start it with a literal token, or create the stream yourself instead of create_stream",
+            ));
+        }
+        // A URI-reference (RFC 3986): never empty, no whitespace or control characters, which a
+        // header value could not carry anyway.
+        if self.header_format != HeaderFormat::Outbox
+            && (self.ce_source.is_empty() || !self.ce_source.chars().all(|c| c.is_ascii_graphic()))
+        {
+            return Err(Error::config(
+                "ce_source",
+                format!(
+                    "{:?} is not a URI-reference (for example /orders-service or urn:example:orders)",
+                    self.ce_source
+                ),
+            ));
+        }
         if self.batch_size == 0 || self.batch_size > MAX_BATCH_SIZE {
             return Err(Error::config(
                 "batch_size",
@@ -214,7 +264,7 @@ impl RelayConfig {
     /// their password or token replaced.
     pub fn redacted(&self) -> String {
         format!(
-            "database_url={:?} listen_database_url={} schema={} nats_url={} stream={} create_stream={} subject_prefix={} \
+            "database_url={:?} listen_database_url={} schema={} nats_url={} stream={} create_stream={} subject_prefix={} subject_template={} header_format={:?} ce_source={} \
              fallback_interval={} batch_size={} max_batch_bytes={} prepared_statements={} max_attempts={} publish_timeout={} retry_initial={} \
              retry_max={} ordering={:?} notify_mode={:?} retention={} metrics_addr={} nats_creds={} nats_nkey={}",
             crate::db::redacted_url(&self.database_url),
@@ -227,6 +277,9 @@ impl RelayConfig {
             self.stream,
             self.create_stream,
             self.subject_prefix,
+            self.subject_template.as_deref().unwrap_or("-"),
+            self.header_format,
+            self.ce_source,
             humantime::format_duration(self.fallback_interval),
             self.batch_size,
             self.max_batch_bytes,
@@ -261,9 +314,18 @@ impl RelayConfig {
             None => listen.to_string(),
         };
         Ok(Settings {
+            subjects: self.subjects()?,
             config: self,
             listen_url,
         })
+    }
+
+    /// The parsed subject template (the default one when `subject_template` is not set).
+    pub(crate) fn subjects(&self) -> Result<SubjectTemplate> {
+        match &self.subject_template {
+            Some(template) => SubjectTemplate::parse(template),
+            None => Ok(SubjectTemplate::with_prefix(&self.subject_prefix)),
+        }
     }
 
     /// Longest gap between two publishes of one row: JetStream deduplicates only inside the
@@ -278,6 +340,8 @@ pub(crate) struct Settings {
     pub config: RelayConfig,
     /// The LISTEN connection's URL: `listen_database_url` or `database_url`, with the schema.
     pub listen_url: String,
+    /// The parsed subject template.
+    pub subjects: SubjectTemplate,
 }
 
 /// Written by hand so that an application logging its config never prints a password: database
@@ -297,6 +361,9 @@ impl fmt::Debug for RelayConfig {
             stream,
             create_stream,
             subject_prefix,
+            subject_template,
+            header_format,
+            ce_source,
             fallback_interval,
             batch_size,
             max_batch_bytes,
@@ -327,6 +394,9 @@ impl fmt::Debug for RelayConfig {
             .field("stream", stream)
             .field("create_stream", create_stream)
             .field("subject_prefix", subject_prefix)
+            .field("subject_template", subject_template)
+            .field("header_format", header_format)
+            .field("ce_source", ce_source)
             .field("fallback_interval", fallback_interval)
             .field("batch_size", batch_size)
             .field("max_batch_bytes", max_batch_bytes)
@@ -398,6 +468,24 @@ mod tests {
         let mut c = RelayConfig::new("postgres://localhost/db");
         c.subject_prefix = "a.*".into();
         assert_eq!(field_of(c.validate()), Some("subject_prefix"));
+        let mut c = RelayConfig::new("postgres://localhost/db");
+        c.subject_template = Some("app.{nope}".into());
+        assert_eq!(field_of(c.validate()), Some("subject_template"));
+        // A template starting with a placeholder is fine, but no stream can be created for it.
+        c.subject_template = Some("{aggregate_type}.{event_type}".into());
+        c.validate().expect("valid without create_stream");
+        c.create_stream = true;
+        assert_eq!(field_of(c.validate()), Some("subject_template"));
+        let mut c = RelayConfig::new("postgres://localhost/db");
+        c.ce_source = "has space".into();
+        c.validate()
+            .expect("ce_source unused with the Outbox-* headers");
+        for format in [HeaderFormat::CloudEvents, HeaderFormat::Both] {
+            c.header_format = format;
+            assert_eq!(field_of(c.validate()), Some("ce_source"));
+        }
+        c.ce_source = String::new();
+        assert_eq!(field_of(c.validate()), Some("ce_source"));
         let mut c = RelayConfig::new("postgres://localhost/db");
         c.stream = "has.dot".into();
         assert_eq!(field_of(c.validate()), Some("stream"));

@@ -5,6 +5,9 @@ use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
 use crate::error::Result;
+use crate::publisher::{
+    CE_ID, CE_SUBJECT, CE_TYPE, HEADER_AGGREGATE_ID, HEADER_EVENT_ID, HEADER_EVENT_TYPE,
+};
 
 const PROCESS_ONCE: &str = include_str!("../sql/queries/process_once.sql");
 
@@ -19,9 +22,62 @@ pub async fn process_once<C: GenericClient + Sync>(client: &C, event_id: Uuid) -
         .is_some())
 }
 
-/// Reads the outbox id of a message published by the relay (header `Outbox-Event-Id`).
+/// Reads the outbox id of a message published by the relay, whichever header format it was
+/// published in: `Outbox-Event-Id`, else CloudEvents' `ce-id`.
 pub fn event_id(headers: Option<&async_nats::HeaderMap>) -> Option<Uuid> {
-    headers?
-        .get(crate::publisher::HEADER_EVENT_ID)
-        .and_then(|v| Uuid::parse_str(v.as_str()).ok())
+    first_of(headers, &[HEADER_EVENT_ID, CE_ID]).and_then(|v| Uuid::parse_str(v).ok())
+}
+
+/// The event's `aggregate_id`: `Outbox-Aggregate-Id`, else CloudEvents' `ce-subject`.
+pub fn aggregate_id(headers: Option<&async_nats::HeaderMap>) -> Option<&str> {
+    first_of(headers, &[HEADER_AGGREGATE_ID, CE_SUBJECT])
+}
+
+/// The event's `event_type`: `Outbox-Event-Type`, else CloudEvents' `ce-type`.
+pub fn event_type(headers: Option<&async_nats::HeaderMap>) -> Option<&str> {
+    first_of(headers, &[HEADER_EVENT_TYPE, CE_TYPE])
+}
+
+fn first_of<'a>(headers: Option<&'a async_nats::HeaderMap>, names: &[&str]) -> Option<&'a str> {
+    let headers = headers?;
+    names
+        .iter()
+        .find_map(|name| headers.get(*name).map(|v| v.as_str()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::HeaderFormat;
+    use crate::publisher::headers_as;
+
+    #[test]
+    fn reads_either_header_format() {
+        let event = crate::OutboxEvent {
+            id: Uuid::from_u128(7),
+            seq: 1,
+            aggregate_type: "order".into(),
+            aggregate_id: "42".into(),
+            event_type: "order.created".into(),
+            payload: bytes::Bytes::from_static(b"{}"),
+            headers: Default::default(),
+            attempts: 0,
+            created_at: crate::Timestamp::now(),
+            defect: None,
+        };
+        for format in [
+            HeaderFormat::Outbox,
+            HeaderFormat::CloudEvents,
+            HeaderFormat::Both,
+        ] {
+            let h = headers_as(&event, format, "/s");
+            assert_eq!(event_id(Some(&h)), Some(event.id), "{format:?}");
+            assert_eq!(aggregate_id(Some(&h)), Some("42"), "{format:?}");
+            assert_eq!(event_type(Some(&h)), Some("order.created"), "{format:?}");
+        }
+        assert_eq!(event_id(None), None);
+        let mut h = async_nats::HeaderMap::new();
+        h.insert(CE_ID, "not-a-uuid");
+        assert_eq!(event_id(Some(&h)), None);
+    }
 }

@@ -24,7 +24,8 @@
 //! - `policy`: the retry and dead-letter rules as pure functions.
 //! - `signals`: wake reasons and the arming state machine between processor and listener.
 //! - `health`: what the relay knows about its connections.
-//! - `store`: every relay query against PostgreSQL (`sql/queries`); `publisher`: everything NATS.
+//! - `store`: every relay query against PostgreSQL (`sql/queries`); `publisher`: everything NATS;
+//!   `subject`: the subject template, parsed at start and rendered per row.
 //! - `listener`: LISTEN/NOTIFY, reconnects, arming of the notify trigger.
 //! - `http`: `/metrics`, `/healthz`, `/readyz`; `background`: gauges and `--retention` cleanup.
 //! - `db`, `tls`: connections, libpq connection strings, `sslmode` over rustls; `timestamp`:
@@ -56,12 +57,13 @@ mod signals;
 #[cfg(feature = "sqlx")]
 pub mod sqlx;
 mod store;
+mod subject;
 mod timestamp;
 mod tls;
 pub mod wire;
 pub mod writer;
 
-pub use config::{NotifyMode, Ordering, RelayConfig};
+pub use config::{HeaderFormat, NotifyMode, Ordering, RelayConfig};
 pub use consumer::process_once;
 pub use db::{connect, redact};
 pub use error::{Error, ErrorKind, Result};

@@ -6,10 +6,11 @@ use std::time::{Duration, SystemTime};
 use async_nats::jetstream::{self, context::PublishErrorKind, stream};
 use futures::future::join_all;
 
-use crate::config::RelayConfig;
+use crate::config::{HeaderFormat, RelayConfig, Settings};
 use crate::error::{Error, Result};
 use crate::event::OutboxEvent;
 use crate::policy::FailureKind;
+use crate::subject::SubjectTemplate;
 
 /// The event's id (also sent as `Nats-Msg-Id`).
 pub const HEADER_EVENT_ID: &str = "Outbox-Event-Id";
@@ -21,6 +22,21 @@ pub const HEADER_AGGREGATE_ID: &str = "Outbox-Aggregate-Id";
 pub const HEADER_EVENT_TYPE: &str = "Outbox-Event-Type";
 /// When the row was written, RFC 3339.
 pub const HEADER_CREATED_AT: &str = "Outbox-Created-At";
+
+/// CloudEvents NATS binding, binary mode: `1.0`.
+pub const CE_SPECVERSION: &str = "ce-specversion";
+/// The event's id (the same as `Nats-Msg-Id`).
+pub const CE_ID: &str = "ce-id";
+/// The event's `event_type`.
+pub const CE_TYPE: &str = "ce-type";
+/// The producer (`ce_source` of the relay's config).
+pub const CE_SOURCE: &str = "ce-source";
+/// When the row was written, RFC 3339.
+pub const CE_TIME: &str = "ce-time";
+/// The event's `aggregate_id`: what the event is about, within its source.
+pub const CE_SUBJECT: &str = "ce-subject";
+/// The payload's media type (CloudEvents `datacontenttype`): `application/json`.
+pub const CONTENT_TYPE: &str = "content-type";
 
 /// Duplicate window of streams created by `--create-stream`.
 pub const MIN_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
@@ -60,7 +76,9 @@ impl Failure {
 pub(crate) struct Publisher {
     client: async_nats::Client,
     js: jetstream::Context,
-    prefix: String,
+    subjects: SubjectTemplate,
+    header_format: HeaderFormat,
+    ce_source: String,
     stream: String,
     timeout: Duration,
 }
@@ -183,7 +201,8 @@ fn percent_decode(s: &str) -> String {
 }
 
 impl Publisher {
-    pub fn new(client: async_nats::Client, config: &RelayConfig) -> Self {
+    pub fn new(client: async_nats::Client, settings: &Settings) -> Self {
+        let config = &settings.config;
         let js = jetstream::ContextBuilder::new()
             .timeout(config.publish_timeout)
             .ack_timeout(config.publish_timeout)
@@ -193,7 +212,9 @@ impl Publisher {
         Publisher {
             client,
             js,
-            prefix: config.subject_prefix.clone(),
+            subjects: settings.subjects.clone(),
+            header_format: config.header_format,
+            ce_source: config.ce_source.clone(),
             stream: config.stream.clone(),
             timeout: config.publish_timeout,
         }
@@ -209,34 +230,14 @@ impl Publisher {
                 .map_err(|e| Error::broker_unavailable(e.to_string()))?
                 .clone(),
             Err(e) if config.create_stream && is_not_found(&e) => {
-                let window = MIN_DUPLICATE_WINDOW.max(config.longest_redelivery_gap());
-                tracing::info!(stream = %self.stream, duplicate_window = ?window, "creating stream");
-                let mut s = self
-                    .js
-                    .create_stream(stream::Config {
-                        name: self.stream.clone(),
-                        subjects: vec![format!("{}.>", self.prefix)],
-                        storage: stream::StorageType::File,
-                        duplicate_window: window,
-                        ..Default::default()
-                    })
-                    .await
-                    .map_err(|e| {
-                        let message = format!("cannot create stream {}: {e}", self.stream);
-                        // JetStream answered and refused: for the operator. Else: not up yet.
-                        if matches!(
-                            e.kind(),
-                            jetstream::context::CreateStreamErrorKind::JetStream(_)
-                        ) {
-                            Error::stream(message)
-                        } else {
-                            Error::broker_unavailable(message)
-                        }
-                    })?;
-                s.info()
-                    .await
-                    .map_err(|e| Error::broker_unavailable(e.to_string()))?
-                    .clone()
+                // validate() refused create_stream for a template no stream subject can capture.
+                let subject = self.subjects.stream_subject().ok_or_else(|| {
+                    Error::config(
+                        "subject_template",
+                        "starts with a placeholder: create the stream yourself",
+                    )
+                })?;
+                self.create_stream(config, subject).await?
             }
             Err(e) if is_not_found(&e) => {
                 return Err(Error::stream(format!(
@@ -264,6 +265,39 @@ impl Publisher {
         Ok(())
     }
 
+    /// Creates the stream on `subject` (file storage, a duplicate window covering redeliveries).
+    async fn create_stream(&self, config: &RelayConfig, subject: String) -> Result<stream::Info> {
+        let window = MIN_DUPLICATE_WINDOW.max(config.longest_redelivery_gap());
+        tracing::info!(stream = %self.stream, subject = %subject, duplicate_window = ?window, "creating stream");
+        let mut s = self
+            .js
+            .create_stream(stream::Config {
+                name: self.stream.clone(),
+                subjects: vec![subject],
+                storage: stream::StorageType::File,
+                duplicate_window: window,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| {
+                let message = format!("cannot create stream {}: {e}", self.stream);
+                // JetStream answered and refused: for the operator. Else: not up yet.
+                if matches!(
+                    e.kind(),
+                    jetstream::context::CreateStreamErrorKind::JetStream(_)
+                ) {
+                    Error::stream(message)
+                } else {
+                    Error::broker_unavailable(message)
+                }
+            })?;
+        let info = s
+            .info()
+            .await
+            .map_err(|e| Error::broker_unavailable(e.to_string()))?;
+        Ok(info.clone())
+    }
+
     pub fn is_connected(&self) -> bool {
         self.client.connection_state() == async_nats::connection::State::Connected
     }
@@ -274,8 +308,9 @@ impl Publisher {
         matches!(tokio::time::timeout(self.timeout, lookup).await, Ok(Ok(_)))
     }
 
-    pub fn subject(&self, event: &OutboxEvent) -> String {
-        format!("{}.{}", self.prefix, event.event_type)
+    /// The event's subject under the template; an error (the row's) when its values make none.
+    pub fn subject(&self, event: &OutboxEvent) -> Result<String> {
+        self.subjects.render(event)
     }
 
     /// Publishes every group concurrently (pipelined on one connection); within a group, one event
@@ -318,13 +353,27 @@ impl Publisher {
     }
 
     async fn publish_one(&self, event: &OutboxEvent) -> Outcome {
-        let headers = match event.validate().map(|()| headers(event)) {
-            Ok(h) => h,
+        let checked = event.validate().and_then(|()| self.subject(event));
+        let subject = match checked {
+            Ok(subject) => subject,
             Err(e) => return Outcome::Failed(Failure::new(FailureKind::Invalid, e.to_string())),
         };
+        let headers = headers_as(event, self.header_format, &self.ce_source);
+        // Writers check the block with the Outbox-* headers; the CloudEvents ones are longer.
+        let block = header_block_len(&headers);
+        if block > crate::event::MAX_HEADER_BLOCK_BYTES {
+            return Outcome::Failed(Failure::new(
+                FailureKind::Invalid,
+                format!(
+                    "headers take {block} bytes with the relay's own ({:?} format), more than the {} JetStream stores",
+                    self.header_format,
+                    crate::event::MAX_HEADER_BLOCK_BYTES
+                ),
+            ));
+        }
         let sent = self
             .js
-            .publish_with_headers(self.subject(event), headers, event.payload.clone())
+            .publish_with_headers(subject, headers, event.payload.clone())
             .await;
         let result = match sent {
             Ok(ack) => ack.await,
@@ -337,6 +386,11 @@ impl Publisher {
             },
             Err(e) => Outcome::Failed(self.blame(event, &e)),
         }
+    }
+
+    /// The subject for a message about a failed publish (which had a valid subject).
+    fn subject_shown(&self, event: &OutboxEvent) -> String {
+        self.subject(event).unwrap_or_else(|e| e.to_string())
     }
 
     /// Whose fault a failed publish is (see [`FailureKind`]).
@@ -356,7 +410,7 @@ impl Publisher {
                     FailureKind::Broker,
                     format!(
                         "no JetStream stream listens on subject {}",
-                        self.subject(event)
+                        self.subject_shown(event)
                     ),
                 )
             },
@@ -384,7 +438,7 @@ impl Publisher {
                         FailureKind::Rejected,
                         format!(
                             "no JetStream stream listens on subject {}",
-                            self.subject(event)
+                            self.subject_shown(event)
                         ),
                     ),
                     // Resources or storage exceeded, the store refusing a write (e.g. a full
@@ -421,22 +475,89 @@ fn is_not_found(e: &jetstream::context::GetStreamError) -> bool {
         if js.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
 }
 
-/// `Nats-Msg-Id` (JetStream dedup), the outbox metadata, then the row's own headers.
-/// Public for tests of the mapping; call it only for an event that passed [`OutboxEvent::validate`].
+/// The header block as NATS writes it: `NATS/1.0\r\n`, `Name: value\r\n` per value, a blank line.
+fn header_block_len(headers: &async_nats::HeaderMap) -> usize {
+    let lines: usize = headers
+        .iter()
+        .map(|(name, values)| {
+            values
+                .iter()
+                .map(|v| {
+                    AsRef::<[u8]>::as_ref(name).len() + ": ".len() + v.as_str().len() + "\r\n".len()
+                })
+                .sum::<usize>()
+        })
+        .sum();
+    "NATS/1.0\r\n".len() + lines + "\r\n".len()
+}
+
+/// The headers of the default [`HeaderFormat::Outbox`]: `Nats-Msg-Id` (JetStream dedup), the
+/// `Outbox-*` metadata, and the row's own headers. Call it only for an event that passed
+/// [`OutboxEvent::validate`].
 pub fn headers(event: &OutboxEvent) -> async_nats::HeaderMap {
+    headers_as(event, HeaderFormat::Outbox, "")
+}
+
+/// The headers of a message in `format`: the row's own headers first, then `Nats-Msg-Id` and the
+/// metadata (which win over a row header of the same name). `ce_source` is used by the
+/// CloudEvents formats only. Call it only for an event that passed [`OutboxEvent::validate`].
+pub fn headers_as(
+    event: &OutboxEvent,
+    format: HeaderFormat,
+    ce_source: &str,
+) -> async_nats::HeaderMap {
     let id = event.id.to_string();
+    // RFC 3339 for every event that passed validation.
+    let created_at = event.created_at.to_string();
+    let cloudevents = matches!(format, HeaderFormat::CloudEvents | HeaderFormat::Both);
     let mut h = async_nats::HeaderMap::new();
     for (name, value) in &event.headers {
+        // NATS header names are case-sensitive: a row's `CE-Type` next to the relay's `ce-type`
+        // would leave consumers two answers. The relay's own attributes win.
+        if cloudevents && is_ce_attribute(name) {
+            continue;
+        }
         h.insert(name.as_str(), value.as_str());
     }
     h.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
-    h.insert(HEADER_EVENT_ID, id.as_str());
-    h.insert(HEADER_AGGREGATE_TYPE, event.aggregate_type.as_str());
-    h.insert(HEADER_AGGREGATE_ID, event.aggregate_id.as_str());
-    h.insert(HEADER_EVENT_TYPE, event.event_type.as_str());
-    // RFC 3339 for every event that passed validation.
-    h.insert(HEADER_CREATED_AT, event.created_at.to_string().as_str());
+    if matches!(format, HeaderFormat::Outbox | HeaderFormat::Both) {
+        h.insert(HEADER_EVENT_ID, id.as_str());
+        h.insert(HEADER_AGGREGATE_TYPE, event.aggregate_type.as_str());
+        h.insert(HEADER_AGGREGATE_ID, event.aggregate_id.as_str());
+        h.insert(HEADER_EVENT_TYPE, event.event_type.as_str());
+        h.insert(HEADER_CREATED_AT, created_at.as_str());
+    }
+    if cloudevents {
+        h.insert(CE_SPECVERSION, "1.0");
+        h.insert(CE_ID, id.as_str());
+        h.insert(CE_TYPE, event.event_type.as_str());
+        h.insert(CE_SOURCE, ce_source);
+        h.insert(CE_TIME, created_at.as_str());
+        h.insert(CE_SUBJECT, event.aggregate_id.as_str());
+        // The payload is jsonb text; a row that names its own media type keeps it.
+        if !event
+            .headers
+            .keys()
+            .any(|name| name.eq_ignore_ascii_case(CONTENT_TYPE))
+        {
+            h.insert(CONTENT_TYPE, "application/json");
+        }
+    }
     h
+}
+
+/// One of the `ce-*` headers the relay sets, in any case.
+fn is_ce_attribute(name: &str) -> bool {
+    [
+        CE_SPECVERSION,
+        CE_ID,
+        CE_TYPE,
+        CE_SOURCE,
+        CE_TIME,
+        CE_SUBJECT,
+    ]
+    .iter()
+    .any(|ce| name.eq_ignore_ascii_case(ce))
 }
 
 #[cfg(test)]
@@ -455,5 +576,83 @@ mod tests {
         let (_, creds) = split_credentials("nats://127.0.0.1:4222").expect("parse");
         assert!(creds.is_none());
         assert!(split_credentials(" , ").is_err());
+    }
+
+    fn event() -> OutboxEvent {
+        OutboxEvent {
+            id: uuid::Uuid::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef),
+            seq: 1,
+            aggregate_type: "order".into(),
+            aggregate_id: "42".into(),
+            event_type: "order.created".into(),
+            payload: bytes::Bytes::from_static(b"{}"),
+            headers: [
+                (
+                    "traceparent".to_string(),
+                    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_string(),
+                ),
+                ("CE-Type".to_string(), "spoofed".to_string()),
+            ]
+            .into_iter()
+            .collect(),
+            attempts: 0,
+            created_at: crate::Timestamp::now(),
+            defect: None,
+        }
+    }
+
+    fn get(h: &async_nats::HeaderMap, name: &str) -> Option<String> {
+        h.get(name).map(|v| v.as_str().to_string())
+    }
+
+    #[test]
+    fn header_formats() {
+        let e = event();
+        let id = e.id.to_string();
+        let time = e.created_at.to_string();
+        let outbox = headers_as(&e, HeaderFormat::Outbox, "/unused");
+        assert_eq!(get(&outbox, "Nats-Msg-Id"), Some(id.clone()));
+        assert_eq!(get(&outbox, HEADER_EVENT_ID), Some(id.clone()));
+        assert_eq!(get(&outbox, CE_ID), None);
+        // Without CloudEvents the row's headers pass as they are.
+        assert_eq!(get(&outbox, "CE-Type"), Some("spoofed".into()));
+        assert_eq!(outbox, headers(&e));
+
+        let ce = headers_as(&e, HeaderFormat::CloudEvents, "/orders");
+        assert_eq!(get(&ce, "Nats-Msg-Id"), Some(id.clone()));
+        assert_eq!(get(&ce, HEADER_EVENT_ID), None);
+        assert_eq!(get(&ce, CE_SPECVERSION).as_deref(), Some("1.0"));
+        assert_eq!(get(&ce, CE_ID), Some(id.clone()));
+        assert_eq!(get(&ce, CE_TYPE).as_deref(), Some("order.created"));
+        assert_eq!(get(&ce, CE_SOURCE).as_deref(), Some("/orders"));
+        assert_eq!(get(&ce, CE_TIME), Some(time));
+        assert_eq!(get(&ce, CE_SUBJECT).as_deref(), Some("42"));
+        assert_eq!(get(&ce, CONTENT_TYPE).as_deref(), Some("application/json"));
+        assert_eq!(get(&ce, "CE-Type"), None, "the relay's ce-type wins");
+        assert!(get(&ce, "traceparent").is_some());
+
+        let both = headers_as(&e, HeaderFormat::Both, "/orders");
+        assert_eq!(get(&both, HEADER_EVENT_ID), Some(id.clone()));
+        assert_eq!(get(&both, CE_ID), Some(id));
+        assert_eq!(both.len(), outbox.len() + ce.len() - 2 - 1);
+
+        let mut typed = event();
+        typed
+            .headers
+            .insert("Content-Type".into(), "application/cloudevents+json".into());
+        let ce = headers_as(&typed, HeaderFormat::CloudEvents, "/orders");
+        assert_eq!(get(&ce, CONTENT_TYPE), None, "the row's media type is kept");
+        assert_eq!(
+            get(&ce, "Content-Type").as_deref(),
+            Some("application/cloudevents+json")
+        );
+    }
+
+    #[test]
+    fn header_block_length_is_what_nats_writes() {
+        let mut h = async_nats::HeaderMap::new();
+        assert_eq!(header_block_len(&h), "NATS/1.0\r\n\r\n".len());
+        h.insert("A", "bc");
+        assert_eq!(header_block_len(&h), "NATS/1.0\r\nA: bc\r\n\r\n".len());
     }
 }

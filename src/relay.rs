@@ -138,7 +138,7 @@ impl Relay {
                 }
             }
             if let (true, Some(client)) = (database, &nats) {
-                let publisher = Publisher::new(client.clone(), config);
+                let publisher = Publisher::new(client.clone(), &self.settings);
                 match publisher.ensure_stream(config).await {
                     Ok(()) => {
                         self.health.broker_checked(publisher.is_connected());

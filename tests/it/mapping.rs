@@ -14,10 +14,10 @@ use std::time::SystemTime;
 
 use async_nats::{HeaderName, HeaderValue, Subject};
 use outbox_relay::wire::{
-    headers, HEADER_AGGREGATE_ID, HEADER_AGGREGATE_TYPE, HEADER_CREATED_AT, HEADER_EVENT_ID,
-    HEADER_EVENT_TYPE,
+    headers, headers_as, CE_ID, CE_SUBJECT, CE_TYPE, HEADER_AGGREGATE_ID, HEADER_AGGREGATE_TYPE,
+    HEADER_CREATED_AT, HEADER_EVENT_ID, HEADER_EVENT_TYPE,
 };
-use outbox_relay::{NewEvent, OutboxEvent};
+use outbox_relay::{HeaderFormat, NewEvent, OutboxEvent};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 use uuid::Uuid;
@@ -224,6 +224,22 @@ fn header_value_problem(name: &str, value: &str) -> Option<String> {
     None
 }
 
+/// Every header name and value of `sent` is one NATS can carry.
+fn headers_problem(sent: &async_nats::HeaderMap) -> Result<(), TestCaseError> {
+    for (name, values) in sent.iter() {
+        let name = name.to_string();
+        if let Some(problem) = header_name_problem(&name) {
+            return Err(TestCaseError::fail(problem));
+        }
+        for value in values {
+            if let Some(problem) = header_value_problem(&name, value.as_str()) {
+                return Err(TestCaseError::fail(problem));
+            }
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn accepted_events_map_to_a_literal_subject_and_valid_headers() {
     let (accepted, refused) = check(3_000, new_event(), |event| {
@@ -243,17 +259,7 @@ fn accepted_events_map_to_a_literal_subject_and_valid_headers() {
             "the relay refuses what the writer accepted"
         );
         let sent = headers(&row);
-        for (name, values) in sent.iter() {
-            let name = name.to_string();
-            if let Some(problem) = header_name_problem(&name) {
-                return Err(TestCaseError::fail(problem));
-            }
-            for value in values {
-                if let Some(problem) = header_value_problem(&name, value.as_str()) {
-                    return Err(TestCaseError::fail(problem));
-                }
-            }
-        }
+        headers_problem(&sent)?;
 
         // The relay's own headers carry the row, and no header of the row displaced one of them.
         let id = row.id.to_string();
@@ -276,6 +282,14 @@ fn accepted_events_map_to_a_literal_subject_and_valid_headers() {
             "headers sent: {:?}",
             sent
         );
+
+        // The CloudEvents headers are as valid, and carry the same row.
+        let ce = headers_as(&row, HeaderFormat::CloudEvents, "/orders");
+        headers_problem(&ce)?;
+        let get = |name: &str| ce.get(name).map(|v| v.as_str().to_string());
+        prop_assert_eq!(get(CE_ID), Some(row.id.to_string()));
+        prop_assert_eq!(get(CE_SUBJECT), Some(event.aggregate_id.clone()));
+        prop_assert_eq!(get(CE_TYPE), Some(event.event_type.clone()));
         Ok(true)
     });
     eprintln!("{accepted} accepted, {refused} refused");

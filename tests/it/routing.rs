@@ -1,0 +1,239 @@
+//! Where events go and what they carry: `--subject-template` routing, `--headers cloudevents`
+//! (and `both`), and the start-up checks of those flags.
+
+use std::time::Duration;
+
+use outbox_relay::{HeaderFormat, RelayConfig};
+use testkit::outbox::{cli, CliRelay, Env, STREAM};
+use testkit::wait_until;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+async fn insert(env: &Env, aggregate_type: &str, aggregate_id: &str, event_type: &str) -> String {
+    let row = env
+        .client()
+        .await
+        .query_one(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ($1, $2, $3, '{\"n\": 1}') RETURNING id::text",
+            &[&aggregate_type, &aggregate_id, &event_type],
+        )
+        .await
+        .expect("insert");
+    row.get(0)
+}
+
+#[tokio::test]
+async fn subject_template_routes_by_fields_and_dead_letters_rows_that_make_no_subject() {
+    let pg = testkit::shared_pg();
+    let env = Env::without_stream(pg).await;
+    let ok = insert(&env, "order", "o-1", "created").await;
+    // A space cannot be in a subject: this row is refused, and its aggregate's next event waits.
+    let bad = insert(&env, "order", "o 2", "created").await;
+    let held = insert(&env, "order", "o 2", "shipped").await;
+    // Dots in a value add tokens, as in event types.
+    let dotted = insert(&env, "user", "eu.7", "renamed").await;
+    let relay = CliRelay::run(
+        &env,
+        &[
+            "--create-stream",
+            "--max-attempts",
+            "3",
+            "--subject-template",
+            "app.{aggregate_type}.{aggregate_id}.{event_type}",
+        ],
+    );
+    // Dead-lettered by a relay that has created the stream (it checks the stream first).
+    wait_until("the bad row dead-lettered", WAIT, || async {
+        env.count("dead_lettered_at IS NOT NULL").await == 1
+    })
+    .await;
+    env.wait_stream_len(2, WAIT).await;
+
+    let stored = env.stored().await;
+    let mut routed: Vec<(String, String)> = stored
+        .iter()
+        .map(|m| (m.headers["Outbox-Event-Id"].clone(), m.subject.clone()))
+        .collect();
+    routed.sort();
+    let mut expected = vec![
+        (ok, "app.order.o-1.created".to_string()),
+        (dotted, "app.user.eu.7.renamed".to_string()),
+    ];
+    expected.sort();
+    assert_eq!(routed, expected);
+
+    let client = env.client().await;
+    let dead = client
+        .query_one("SELECT id::text, last_error FROM outbox_dead_letters", &[])
+        .await
+        .expect("dead letter");
+    assert_eq!(dead.get::<_, String>(0), bad);
+    let why: String = dead.get(1);
+    assert!(
+        why.contains("aggregate_id=\"o 2\"") && why.contains("subject"),
+        "last_error names the field: {why}"
+    );
+    // The event behind the dead head is neither published nor dead-lettered: it waits.
+    let held_row = client
+        .query_one(
+            "SELECT processed_at IS NULL AND dead_lettered_at IS NULL FROM outbox_events WHERE id::text = $1",
+            &[&held],
+        )
+        .await
+        .expect("held row");
+    assert!(held_row.get::<_, bool>(0));
+
+    // The stream the relay created captures the template's literal prefix.
+    let info = env
+        .js()
+        .await
+        .get_stream(STREAM)
+        .await
+        .expect("stream")
+        .info()
+        .await
+        .expect("info")
+        .clone();
+    assert_eq!(info.config.subjects, vec!["app.>".to_string()]);
+    relay.stop().await;
+}
+
+fn config_with(env: &Env, format: HeaderFormat) -> RelayConfig {
+    RelayConfig {
+        header_format: format,
+        ce_source: "/orders-service".into(),
+        ..env.config()
+    }
+}
+
+#[tokio::test]
+async fn cloudevents_headers_replace_or_join_the_outbox_ones() {
+    let env = Env::new().await;
+    let client = env.client().await;
+    let mut published = 0;
+    for format in [HeaderFormat::CloudEvents, HeaderFormat::Both] {
+        let relay = env.spawn(config_with(&env, format)).await;
+        let row = client
+            .query_one(
+                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, headers) \
+                 VALUES ('order', 'o-9', 'order.created', '{\"total\": 1}', '{\"X-Tenant\": \"t1\"}') \
+                 RETURNING id, created_at",
+                &[],
+            )
+            .await
+            .expect("insert");
+        published += 1;
+        env.wait_stream_len(published, WAIT).await;
+        relay.stop().await;
+
+        let id: uuid::Uuid = row.get(0);
+        let created: std::time::SystemTime = row.get(1);
+        let stored = env.stored().await;
+        let m = stored.last().expect("a message");
+        let h = &m.headers;
+        assert_eq!(m.subject, "outbox.order.created", "{format:?}");
+        assert_eq!(h["Nats-Msg-Id"], id.to_string(), "{format:?}");
+        assert_eq!(h["ce-specversion"], "1.0");
+        assert_eq!(h["ce-id"], id.to_string());
+        assert_eq!(h["ce-type"], "order.created");
+        assert_eq!(h["ce-source"], "/orders-service");
+        assert_eq!(h["ce-subject"], "o-9");
+        assert_eq!(h["content-type"], "application/json");
+        assert_eq!(h["X-Tenant"], "t1");
+        let time = humantime::parse_rfc3339(&h["ce-time"]).expect("ce-time is RFC 3339");
+        let diff = time
+            .duration_since(created)
+            .or_else(|e| Ok::<_, ()>(e.duration()))
+            .expect("diff");
+        assert!(diff < Duration::from_millis(1), "{time:?} vs {created:?}");
+        let outbox_headers = h.keys().filter(|k| k.starts_with("Outbox-")).count();
+        match format {
+            HeaderFormat::CloudEvents => assert_eq!(outbox_headers, 0, "{h:?}"),
+            _ => {
+                assert_eq!(outbox_headers, 5, "{h:?}");
+                assert_eq!(h["Outbox-Event-Id"], id.to_string());
+            }
+        }
+    }
+    wait_until("rows marked processed", WAIT, || async {
+        env.count("processed_at IS NOT NULL").await == 2
+    })
+    .await;
+}
+
+/// A consumer reads the id, aggregate and type the same way whatever the relay's header format.
+#[tokio::test]
+async fn consumer_helpers_read_either_format() {
+    use futures::StreamExt;
+    let env = Env::new().await;
+    let js = env.js().await;
+    let consumer = js
+        .get_stream(STREAM)
+        .await
+        .expect("stream")
+        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig::default())
+        .await
+        .expect("consumer");
+    let mut messages = consumer.messages().await.expect("messages");
+    for format in [HeaderFormat::Outbox, HeaderFormat::CloudEvents] {
+        let relay = env.spawn(config_with(&env, format)).await;
+        let id = insert(&env, "order", "o-5", "order.paid").await;
+        let msg = tokio::time::timeout(WAIT, messages.next())
+            .await
+            .expect("a message in time")
+            .expect("stream open")
+            .expect("message");
+        relay.stop().await;
+        let h = msg.headers.as_ref();
+        use outbox_relay::consumer;
+        assert_eq!(
+            consumer::event_id(h).map(|u| u.to_string()),
+            Some(id),
+            "{format:?}"
+        );
+        assert_eq!(consumer::aggregate_id(h), Some("o-5"), "{format:?}");
+        assert_eq!(consumer::event_type(h), Some("order.paid"), "{format:?}");
+    }
+}
+
+#[tokio::test]
+async fn routing_flags_are_checked_at_start() {
+    let db = testkit::shared_pg().create_migrated_database().await;
+    let cases: &[(&[&str], &str)] = &[
+        (&["--subject-template", "app.{nope}"], "--subject-template"),
+        (
+            &["--subject-template", "app..{event_type}"],
+            "--subject-template",
+        ),
+        (
+            &[
+                "--subject-template",
+                "app.{event_type}",
+                "--subject-prefix",
+                "x",
+            ],
+            "--subject-prefix",
+        ),
+        (
+            &[
+                "--create-stream",
+                "--subject-template",
+                "{aggregate_type}.x",
+            ],
+            "--subject-template",
+        ),
+        (
+            &["--headers", "cloudevents", "--ce-source", "has space"],
+            "--ce-source",
+        ),
+        (&["--headers", "xml"], "--headers"),
+    ];
+    for (args, flag) in cases {
+        let mut all = vec!["run", "--metrics-addr", "off", "--nats-url", "127.0.0.1:1"];
+        all.extend_from_slice(args);
+        let (code, _, stderr) = cli(&db, &all);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(flag), "{args:?} names {flag}: {stderr}");
+    }
+}
