@@ -301,3 +301,35 @@ async fn the_cleanup_statement_uses_the_index() {
         .join("\n");
     assert!(plan.contains("processed_events_processed_at_idx"), "{plan}");
 }
+
+/// The relay's options read their environment variables, and bad values are usage errors naming
+/// the flag (refused before anything connects).
+#[test]
+fn relay_options_from_the_environment_are_checked() {
+    for (var, value, flag) in [
+        (
+            "OUTBOX_PROCESSED_EVENTS_RETENTION",
+            "0s",
+            "--processed-events-retention",
+        ),
+        (
+            "OUTBOX_PROCESSED_EVENTS_RETENTION",
+            "soon",
+            "--processed-events-retention",
+        ),
+        (
+            "OUTBOX_METRICS_EVENT_TYPES_MAX",
+            "-1",
+            "--metrics-event-types-max",
+        ),
+    ] {
+        let out = testkit::relay_command()
+            .args(["run", "--database-url", "postgres://127.0.0.1:1/none"])
+            .env(var, value)
+            .output()
+            .expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{var}={value}: {err}");
+        assert!(err.contains(flag), "{var}={value}: {err}");
+    }
+}
