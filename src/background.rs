@@ -1,4 +1,5 @@
-//! Periodic side tasks of the relay: gauges from a cheap status query, and `--retention` cleanup.
+//! Periodic side tasks of the relay: gauges from a cheap status query, and the `--retention` and
+//! `--processed-events-retention` cleanups.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,14 +61,27 @@ pub(crate) async fn stats(
     }
 }
 
-/// Deletes processed rows older than `retention`, in small batches, about once a minute.
+/// Rows deleted per statement by the relay's retention: short transactions and locks while
+/// relays and consumers run.
+const RETENTION_BATCH: i64 = 1000;
+
+/// Deletes processed outbox rows older than `retention`, and `processed_events` rows older than
+/// `processed_events_retention`, in small batches: every tenth of the shorter retention, between
+/// once a second and once a minute.
 pub(crate) async fn retention(
-    url: String,
-    schema: Option<String>,
-    retention: Duration,
+    config: RelayConfig,
+    metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
-    let period = (retention / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    let Some(shortest) = [config.retention, config.processed_events_retention]
+        .into_iter()
+        .flatten()
+        .min()
+    else {
+        return;
+    };
+    let period = (shortest / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    let schema = config.schema.as_deref();
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -75,14 +89,40 @@ pub(crate) async fn retention(
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let result = async {
-            let mut client = crate::db::connect(&url, "outbox-relay-cleanup").await?;
-            crate::ops::cleanup_in(&mut client, schema.as_deref(), retention, 1000).await
-        };
-        match result.await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(deleted = n, "retention cleanup"),
-            Err(e) => tracing::warn!(error = %e, "retention cleanup failed"),
+        let mut client =
+            match crate::db::connect(&config.database_url, "outbox-relay-cleanup").await {
+                Ok(client) => client,
+                Err(e) => {
+                    tracing::warn!(error = %e, "retention cleanup failed");
+                    continue;
+                }
+            };
+        if let Some(older_than) = config.retention {
+            let deleted =
+                crate::ops::cleanup_in(&mut client, schema, older_than, RETENTION_BATCH).await;
+            record(&metrics, "outbox_events", deleted);
         }
+        if let Some(older_than) = config.processed_events_retention {
+            let deleted = crate::ops::cleanup_processed_events_in(
+                &mut client,
+                schema,
+                older_than,
+                RETENTION_BATCH,
+            )
+            .await;
+            record(&metrics, "processed_events", deleted);
+        }
+    }
+}
+
+/// Logs and counts what one retention run of `table` deleted.
+fn record(metrics: &Metrics, table: &'static str, deleted: crate::error::Result<u64>) {
+    match deleted {
+        Ok(0) => {}
+        Ok(n) => {
+            metrics.count_retention_deleted(table, n);
+            tracing::info!(table, deleted = n, "retention cleanup");
+        }
+        Err(e) => tracing::warn!(table, error = %e, "retention cleanup failed"),
     }
 }

@@ -91,11 +91,22 @@ pub enum Command {
     /// Inspect, retry or discard dead letters.
     #[command(subcommand)]
     DeadLetters(DeadLettersCommand),
-    /// Delete processed (and discarded) rows older than a cutoff, in small batches.
+    /// Delete processed (and discarded) rows older than a cutoff, in small batches; and/or old rows
+    /// of processed_events, the consumers' idempotency records.
+    #[command(group(
+        clap::ArgGroup::new("cutoff")
+            .args(["older_than", "processed_events_older_than"])
+            .required(true)
+            .multiple(true)
+    ))]
     Cleanup {
-        /// For example `7d` or `12h`.
+        /// Outbox rows processed (or discarded) longer ago than this, for example `7d` or `12h`.
         #[arg(long, value_parser = humantime::parse_duration)]
-        older_than: Duration,
+        older_than: Option<Duration>,
+        /// processed_events rows recorded longer ago than this (`30d`). Keep it longer than any
+        /// redelivery can come, or a consumer handles that delivery as a first one.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        processed_events_older_than: Option<Duration>,
         /// Rows deleted per statement.
         #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..=100_000))]
         batch_size: i64,
@@ -292,6 +303,14 @@ pub struct RunArgs {
     /// Delete processed rows older than this, periodically (off by default).
     #[arg(long, env = "OUTBOX_RETENTION", value_parser = humantime::parse_duration)]
     pub retention: Option<Duration>,
+    /// Delete processed_events rows (consumers' idempotency records) older than this,
+    /// periodically (off by default). Keep it longer than any redelivery can come.
+    #[arg(long, env = "OUTBOX_PROCESSED_EVENTS_RETENTION", value_parser = humantime::parse_duration)]
+    pub processed_events_retention: Option<Duration>,
+    /// Distinct event_type label values per metric; further event types are counted as
+    /// event_type="other".
+    #[arg(long, env = "OUTBOX_METRICS_EVENT_TYPES_MAX", default_value_t = defaults().metrics_event_types_max)]
+    pub metrics_event_types_max: usize,
     /// Address for /metrics, /healthz, /readyz; `off` disables.
     #[arg(long, env = "OUTBOX_METRICS_ADDR", default_value = "127.0.0.1:9464", value_parser = parse_metrics_addr)]
     pub metrics_addr: MetricsAddr,

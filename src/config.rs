@@ -112,6 +112,13 @@ pub struct RelayConfig {
     pub notify_mode: NotifyMode,
     /// Delete processed rows older than this, periodically. `None`: keep them.
     pub retention: Option<Duration>,
+    /// Delete `processed_events` rows (consumers' idempotency records) older than this,
+    /// periodically, in the same task as `retention`. `None`: keep them. Must be longer than any
+    /// redelivery of an event can come, or a consumer handles that delivery as a first one.
+    pub processed_events_retention: Option<Duration>,
+    /// Distinct `event_type` label values per metric family; further event types are counted
+    /// under `event_type="other"`, so that the series stay bounded whatever the rows hold.
+    pub metrics_event_types_max: usize,
     /// Where `/metrics`, `/healthz` and `/readyz` are served. `None`: not served.
     pub metrics_addr: Option<SocketAddr>,
     /// How often the pending/dead-letter gauges are refreshed.
@@ -147,6 +154,8 @@ impl Default for RelayConfig {
             ordering: Ordering::Aggregate,
             notify_mode: NotifyMode::Gated,
             retention: None,
+            processed_events_retention: None,
+            metrics_event_types_max: DEFAULT_METRICS_EVENT_TYPES_MAX,
             metrics_addr: None,
             stats_interval: Duration::from_secs(5),
         }
@@ -158,6 +167,11 @@ pub const MAX_BATCH_SIZE: usize = 10_000;
 
 /// Default CloudEvents `source`: names the relay; set `ce_source` to name the producing service.
 pub const DEFAULT_CE_SOURCE: &str = "/outbox-relay";
+
+/// Default of [`RelayConfig::metrics_event_types_max`]: more than the event types of most
+/// applications, and at most about 400 series for them (one published and up to three failed
+/// reasons each), which any Prometheus holds with ease.
+pub const DEFAULT_METRICS_EVENT_TYPES_MAX: usize = 100;
 
 /// Default byte budget of a batch: 32 MiB.
 pub const DEFAULT_MAX_BATCH_BYTES: usize = 32 * 1024 * 1024;
@@ -256,6 +270,12 @@ impl RelayConfig {
         if matches!(self.retention, Some(d) if d.is_zero()) {
             return Err(Error::config("retention", "must be greater than zero"));
         }
+        if matches!(self.processed_events_retention, Some(d) if d.is_zero()) {
+            return Err(Error::config(
+                "processed_events_retention",
+                "must be greater than zero",
+            ));
+        }
         Ok(())
     }
 
@@ -266,7 +286,8 @@ impl RelayConfig {
         format!(
             "database_url={:?} listen_database_url={} schema={} nats_url={} stream={} create_stream={} subject_prefix={} subject_template={} header_format={:?} ce_source={} \
              fallback_interval={} batch_size={} max_batch_bytes={} prepared_statements={} max_attempts={} publish_timeout={} retry_initial={} \
-             retry_max={} ordering={:?} notify_mode={:?} retention={} metrics_addr={} nats_creds={} nats_nkey={}",
+             retry_max={} ordering={:?} notify_mode={:?} retention={} processed_events_retention={} metrics_event_types_max={} \
+             metrics_addr={} nats_creds={} nats_nkey={}",
             crate::db::redacted_url(&self.database_url),
             self.listen_database_url
                 .as_deref()
@@ -291,6 +312,8 @@ impl RelayConfig {
             self.ordering,
             self.notify_mode,
             self.retention.map(|d| humantime::format_duration(d).to_string()).unwrap_or_else(|| "off".into()),
+            self.processed_events_retention.map(|d| humantime::format_duration(d).to_string()).unwrap_or_else(|| "off".into()),
+            self.metrics_event_types_max,
             self.metrics_addr.map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
             self.nats_creds.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "-".into()),
             self.nats_nkey.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "-".into()),
@@ -375,6 +398,8 @@ impl fmt::Debug for RelayConfig {
             ordering,
             notify_mode,
             retention,
+            processed_events_retention,
+            metrics_event_types_max,
             metrics_addr,
             stats_interval,
         } = self;
@@ -408,6 +433,8 @@ impl fmt::Debug for RelayConfig {
             .field("ordering", ordering)
             .field("notify_mode", notify_mode)
             .field("retention", retention)
+            .field("processed_events_retention", processed_events_retention)
+            .field("metrics_event_types_max", metrics_event_types_max)
             .field("metrics_addr", metrics_addr)
             .field("stats_interval", stats_interval)
             .finish()
@@ -489,6 +516,12 @@ mod tests {
         let mut c = RelayConfig::new("postgres://localhost/db");
         c.stream = "has.dot".into();
         assert_eq!(field_of(c.validate()), Some("stream"));
+        let mut c = RelayConfig::new("postgres://localhost/db");
+        c.processed_events_retention = Some(Duration::ZERO);
+        assert_eq!(field_of(c.validate()), Some("processed_events_retention"));
+        c.processed_events_retention = Some(Duration::from_secs(86_400));
+        c.metrics_event_types_max = 0; // everything counted as `other`: allowed
+        c.validate().expect("valid");
     }
 
     const SECRET: &str = "s3cret-Pa55";

@@ -221,11 +221,20 @@ async fn execute(cli: Cli) -> Result<(), Error> {
         }
         Command::Cleanup {
             older_than,
+            processed_events_older_than,
             batch_size,
         } => {
             let (mut client, schema) = connect(&cli).await?;
-            let n = ops::cleanup_in(&mut client, schema, *older_than, *batch_size).await?;
-            println!("deleted {n} rows");
+            if let Some(older_than) = older_than {
+                let n = ops::cleanup_in(&mut client, schema, *older_than, *batch_size).await?;
+                println!("deleted {n} rows");
+            }
+            if let Some(older_than) = processed_events_older_than {
+                let n =
+                    ops::cleanup_processed_events_in(&mut client, schema, *older_than, *batch_size)
+                        .await?;
+                println!("deleted {n} processed_events rows");
+            }
             Ok(())
         }
     }
@@ -319,6 +328,8 @@ async fn run(database_url: String, schema: Option<String>, args: &RunArgs) -> Re
         ordering: args.ordering.into(),
         notify_mode: args.notify_mode.into(),
         retention: args.retention,
+        processed_events_retention: args.processed_events_retention,
+        metrics_event_types_max: args.metrics_event_types_max,
         metrics_addr: args.metrics_addr.0,
         ..RelayConfig::default()
     };

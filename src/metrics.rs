@@ -1,7 +1,13 @@
 //! Prometheus metrics of the relay (`/metrics`). Names are part of the interface: alert rules and
 //! dashboards in `deploy/` use them.
+//!
+//! `event_type` comes from the rows, so its values are unbounded: each family with that label
+//! keeps the first [`Metrics::event_types_max`] distinct event types it sees, and counts the others
+//! under [`OTHER_EVENT_TYPE`] (see [`EventTypeCap`]).
 
-use std::sync::atomic::AtomicU64;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{PoisonError, RwLock};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -27,6 +33,96 @@ pub struct FailedLabels {
     pub reason: String,
 }
 
+/// The `event_type` label value of the event types beyond the cap, and of an event type that is
+/// literally named `other`: it shares the series and takes no place under the cap, so that no two
+/// series carry the same label and the sum over all event types stays exact.
+pub const OTHER_EVENT_TYPE: &str = "other";
+
+/// The distinct `event_type` values one metric family keeps: the first `max` seen, for the life of
+/// the process. Lookups of a known (or overflowing) event type take a shared read lock only, which
+/// readers never wait on each other for; the write lock is taken at most `max` times, to admit.
+#[derive(Debug)]
+pub struct EventTypeCap {
+    max: AtomicUsize,
+    admitted: RwLock<HashSet<String>>,
+    /// The first overflow is logged, once.
+    warned: AtomicBool,
+    /// Which family, for that log line.
+    family: &'static str,
+}
+
+impl EventTypeCap {
+    /// A cap of `max` distinct event types for the family named `family`.
+    pub fn new(family: &'static str, max: usize) -> Self {
+        EventTypeCap {
+            max: AtomicUsize::new(max),
+            admitted: RwLock::new(HashSet::new()),
+            warned: AtomicBool::new(false),
+            family,
+        }
+    }
+
+    /// The label value to count `event_type` under: itself while it is admitted or there is room,
+    /// [`OTHER_EVENT_TYPE`] otherwise.
+    pub fn label(&self, event_type: &str) -> String {
+        if event_type == OTHER_EVENT_TYPE {
+            return OTHER_EVENT_TYPE.to_string();
+        }
+        let max = self.max.load(Ordering::Relaxed);
+        {
+            // A poisoned lock still holds a valid set (inserting cannot half-fail).
+            let admitted = self.admitted.read().unwrap_or_else(PoisonError::into_inner);
+            if admitted.contains(event_type) {
+                return event_type.to_string();
+            }
+            if admitted.len() >= max {
+                return self.other();
+            }
+        }
+        let mut admitted = self
+            .admitted
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Another thread may have admitted it, or filled the last place, in between.
+        if admitted.contains(event_type) {
+            return event_type.to_string();
+        }
+        if admitted.len() >= max {
+            return self.other();
+        }
+        admitted.insert(event_type.to_string());
+        event_type.to_string()
+    }
+
+    fn other(&self) -> String {
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                metric = self.family,
+                max = self.max.load(Ordering::Relaxed),
+                "more distinct event types than --metrics-event-types-max: the others are counted as event_type=\"other\""
+            );
+        }
+        OTHER_EVENT_TYPE.to_string()
+    }
+
+    /// Changes the cap. Event types admitted already keep their series.
+    pub fn set_max(&self, max: usize) {
+        self.max.store(max, Ordering::Relaxed);
+    }
+
+    /// The cap.
+    pub fn max(&self) -> usize {
+        self.max.load(Ordering::Relaxed)
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+/// The `table` label of `outbox_retention_deleted_rows`.
+pub struct TableLabel {
+    /// `outbox_events` or `processed_events`
+    pub table: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 /// The `reason` label of `outbox_wakeups`.
 pub struct ReasonLabel {
@@ -39,9 +135,9 @@ pub struct ReasonLabel {
 pub struct Metrics {
     /// The registry holding them all (serve it with [`Metrics::encode`]).
     pub registry: Registry,
-    /// `outbox_events_published`
+    /// `outbox_events_published` ([`Metrics::count_published`] applies the event type cap)
     pub published: Family<EventTypeLabel, Counter>,
-    /// `outbox_events_failed`
+    /// `outbox_events_failed` ([`Metrics::count_failed`] applies the event type cap)
     pub failed: Family<FailedLabels, Counter>,
     /// `outbox_events_dead_lettered`
     pub dead_lettered: Counter,
@@ -65,6 +161,12 @@ pub struct Metrics {
     pub listener_reconnects: Counter,
     /// `outbox_broker_connected`
     pub broker_connected: Gauge,
+    /// `outbox_retention_deleted_rows`, by table (`outbox_events`, `processed_events`)
+    pub retention_deleted: Family<TableLabel, Counter>,
+    /// The event types `published` counts on their own ([`Metrics::count_published`]).
+    published_event_types: EventTypeCap,
+    /// The event types `failed` counts on their own ([`Metrics::count_failed`]).
+    failed_event_types: EventTypeCap,
 }
 
 impl Default for Metrics {
@@ -74,7 +176,9 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Every metric, registered and at zero.
+    /// Every metric, registered and at zero; at most
+    /// [`crate::config::DEFAULT_METRICS_EVENT_TYPES_MAX`] event types per family (the relay sets
+    /// its configured cap with [`Metrics::set_event_types_max`]).
     pub fn new() -> Self {
         let mut registry = Registry::default();
         let m = Metrics {
@@ -92,6 +196,15 @@ impl Metrics {
             listener_connected: Gauge::default(),
             listener_reconnects: Counter::default(),
             broker_connected: Gauge::default(),
+            retention_deleted: Family::default(),
+            published_event_types: EventTypeCap::new(
+                "outbox_events_published",
+                crate::config::DEFAULT_METRICS_EVENT_TYPES_MAX,
+            ),
+            failed_event_types: EventTypeCap::new(
+                "outbox_events_failed",
+                crate::config::DEFAULT_METRICS_EVENT_TYPES_MAX,
+            ),
             registry: Registry::default(),
         };
         registry.register(
@@ -160,11 +273,55 @@ impl Metrics {
             m.broker_connected.clone(),
         );
         registry.register(
+            "outbox_retention_deleted_rows",
+            "Rows deleted by the relay's retention (--retention, --processed-events-retention), by table",
+            m.retention_deleted.clone(),
+        );
+        registry.register(
             "outbox_relay_build",
             "Build information",
             Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
         );
         Metrics { registry, ..m }
+    }
+
+    /// Counts an event acknowledged by JetStream, under its event type or `other` (see
+    /// [`EventTypeCap`]).
+    pub fn count_published(&self, event_type: &str) {
+        self.published
+            .get_or_create(&EventTypeLabel {
+                event_type: self.published_event_types.label(event_type),
+            })
+            .inc();
+    }
+
+    /// Counts a failed publish, under its event type or `other` (see [`EventTypeCap`]).
+    pub fn count_failed(&self, event_type: &str, reason: &str) {
+        self.failed
+            .get_or_create(&FailedLabels {
+                event_type: self.failed_event_types.label(event_type),
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    /// Caps the distinct `event_type` values of each family at `max` (0: every event is counted
+    /// as `other`). Event types admitted already keep their series.
+    pub fn set_event_types_max(&self, max: usize) {
+        self.published_event_types.set_max(max);
+        self.failed_event_types.set_max(max);
+    }
+
+    /// The cap on distinct `event_type` values per family.
+    pub fn event_types_max(&self) -> usize {
+        self.published_event_types.max()
+    }
+
+    /// Counts the rows a retention cleanup deleted from `table`.
+    pub fn count_retention_deleted(&self, table: &'static str, rows: u64) {
+        self.retention_deleted
+            .get_or_create(&TableLabel { table })
+            .inc_by(rows);
     }
 
     /// Counts a wake-up of the batch processor.
@@ -178,5 +335,115 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn published(m: &Metrics, event_type: &str) -> u64 {
+        m.published
+            .get_or_create(&EventTypeLabel {
+                event_type: event_type.into(),
+            })
+            .get()
+    }
+
+    #[test]
+    fn the_first_event_types_keep_their_label_the_rest_are_other() {
+        let cap = EventTypeCap::new("t", 2);
+        assert_eq!(cap.label("a"), "a");
+        assert_eq!(cap.label("b"), "b");
+        assert_eq!(cap.label("c"), OTHER_EVENT_TYPE);
+        assert_eq!(cap.label("a"), "a", "admitted once, kept");
+        assert_eq!(cap.label("d"), OTHER_EVENT_TYPE);
+        cap.set_max(3);
+        assert_eq!(cap.label("d"), "d", "room again after raising the cap");
+        assert_eq!(cap.label("c"), OTHER_EVENT_TYPE);
+        let none = EventTypeCap::new("t", 0);
+        assert_eq!(none.label("a"), OTHER_EVENT_TYPE);
+    }
+
+    #[test]
+    fn an_event_type_named_other_shares_the_series_and_takes_no_place() {
+        let cap = EventTypeCap::new("t", 1);
+        assert_eq!(cap.label("other"), OTHER_EVENT_TYPE);
+        assert_eq!(cap.label("a"), "a", "`other` took no place");
+        assert_eq!(cap.label("b"), OTHER_EVENT_TYPE);
+        assert_eq!(
+            cap.label("Other"),
+            OTHER_EVENT_TYPE,
+            "a distinct type, over the cap"
+        );
+    }
+
+    #[test]
+    fn each_family_has_its_own_cap_and_counts_add_up() {
+        let m = Metrics::new();
+        m.set_event_types_max(2);
+        assert_eq!(m.event_types_max(), 2);
+        for (event_type, n) in [("a", 1), ("b", 2), ("c", 3), ("d", 4), ("other", 5)] {
+            for _ in 0..n {
+                m.count_published(event_type);
+            }
+        }
+        assert_eq!(published(&m, "a"), 1);
+        assert_eq!(published(&m, "b"), 2);
+        assert_eq!(published(&m, "c"), 0);
+        assert_eq!(published(&m, OTHER_EVENT_TYPE), 3 + 4 + 5);
+        // `failed` admits its own first two: c and d.
+        for event_type in ["c", "d", "a"] {
+            m.count_failed(event_type, "broker");
+        }
+        let failed = |event_type: &str| {
+            m.failed
+                .get_or_create(&FailedLabels {
+                    event_type: event_type.into(),
+                    reason: "broker".into(),
+                })
+                .get()
+        };
+        assert_eq!((failed("c"), failed("d"), failed("a")), (1, 1, 0));
+        assert_eq!(failed(OTHER_EVENT_TYPE), 1);
+        let text = m.encode();
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with("outbox_events_published_total{"))
+            .count();
+        assert_eq!(series, 4, "a, b, other and the c read above: {text}");
+    }
+
+    #[test]
+    fn concurrent_lookups_admit_exactly_max() {
+        let cap = std::sync::Arc::new(EventTypeCap::new("t", 10));
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let cap = cap.clone();
+                std::thread::spawn(move || {
+                    (0..1000)
+                        .map(|i| cap.label(&format!("type-{}", (i * 7 + t) % 50)))
+                        .filter(|l| l != OTHER_EVENT_TYPE)
+                        .collect::<HashSet<_>>()
+                })
+            })
+            .collect();
+        let mut named = HashSet::new();
+        for t in threads {
+            named.extend(t.join().expect("thread"));
+        }
+        assert_eq!(named.len(), 10, "{named:?}");
+    }
+
+    #[test]
+    fn retention_deletions_are_counted_by_table() {
+        let m = Metrics::new();
+        m.count_retention_deleted("processed_events", 7);
+        m.count_retention_deleted("processed_events", 3);
+        let text = m.encode();
+        assert!(
+            text.contains("outbox_retention_deleted_rows_total{table=\"processed_events\"} 10"),
+            "{text}"
+        );
     }
 }

@@ -39,12 +39,23 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "statements",
         sql: include_str!("../sql/migrations/0003_statements.sql"),
     },
+    Migration {
+        version: 4,
+        name: "processed_events_index",
+        sql: include_str!("../sql/migrations/0004_processed_events_index.sql"),
+    },
 ];
 
-/// The schema version this build of the relay needs.
+/// The newest schema version of this build (what `migrate` brings a database to).
 pub fn current_version() -> i32 {
     MIGRATIONS.last().map_or(0, |m| m.version)
 }
+
+/// The oldest schema version this build runs against (the relay and the operator commands check
+/// it). Lower than [`current_version`] while the newer versions only add what works without them
+/// (version 4: an index that makes the processed_events retention faster), so a relay can be
+/// upgraded before the schema.
+pub const REQUIRED_VERSION: i32 = 3;
 
 const LOCK: &str = include_str!("../sql/queries/migrate_lock.sql");
 const PREPARE: &str = include_str!("../sql/queries/migrate_prepare.sql");
@@ -71,7 +82,8 @@ pub async fn create_schema<C: GenericClient + Sync>(client: &C, schema: &str) ->
 pub enum Grantee {
     /// INSERT into the outbox (applications calling `enqueue`), plus `processed_events`.
     Writer,
-    /// SELECT/UPDATE/DELETE on the outbox: the relay and the operator commands.
+    /// SELECT/UPDATE/DELETE on the outbox, and deleting old rows of `processed_events`: the
+    /// relay and the operator commands.
     Relay,
 }
 
@@ -206,7 +218,7 @@ pub fn script_from(schema: Option<&str>, from: i32) -> String {
 }
 
 /// Fails with a message telling the user to run `outbox-relay migrate` when the schema is missing
-/// or older than this build needs.
+/// or older than this build needs ([`REQUIRED_VERSION`]).
 pub async fn check_schema<C: GenericClient + Sync>(client: &C) -> Result<()> {
     let exists: bool = client.query_typed_one(SCHEMA_EXISTS, &[]).await?.get(0);
     let found: Option<i32> = if exists {
@@ -214,9 +226,34 @@ pub async fn check_schema<C: GenericClient + Sync>(client: &C) -> Result<()> {
     } else {
         None
     };
-    let need = current_version();
+    let need = REQUIRED_VERSION;
     match found {
         Some(v) if v >= need => Ok(()),
         found => Err(Error::schema_missing(found, need)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_are_in_order_and_the_required_one_exists() {
+        let versions: Vec<i32> = MIGRATIONS.iter().map(|m| m.version).collect();
+        let expected: Vec<i32> = (1..=versions.len() as i32).collect();
+        assert_eq!(versions, expected);
+        assert!(versions.contains(&REQUIRED_VERSION));
+        assert!(REQUIRED_VERSION <= current_version());
+    }
+
+    #[test]
+    fn script_from_the_latest_version_has_only_that_migration() {
+        let rest = script_from(None, current_version());
+        assert!(
+            rest.contains("-- migration 0004_processed_events_index"),
+            "{rest}"
+        );
+        assert!(rest.contains("processed_events_processed_at_idx"), "{rest}");
+        assert!(!rest.contains("-- migration 0003_"), "{rest}");
     }
 }

@@ -1,5 +1,6 @@
-//! Operator queries: status, dead letters, cleanup. Shared by the CLI and the relay's own
-//! periodic tasks (gauges, `--retention`).
+//! Operator queries: status, dead letters, cleanup (of the outbox and of `processed_events`).
+//! Shared by the CLI and the relay's own periodic tasks (gauges, `--retention`,
+//! `--processed-events-retention`).
 //!
 //! Every statement is sent as an unnamed statement with its parameter types (one round trip, no
 //! named prepared statement left on the server), so these work through a transaction pooler such
@@ -28,6 +29,7 @@ const DEAD_LETTERS_RETRY: &str = include_str!("../sql/queries/dead_letters_retry
 const DEAD_LETTERS_DISCARD: &str = include_str!("../sql/queries/dead_letters_discard.sql");
 const WAKE: &str = include_str!("../sql/queries/wake.sql");
 const CLEANUP: &str = include_str!("../sql/queries/cleanup.sql");
+const CLEANUP_PROCESSED_EVENTS: &str = include_str!("../sql/queries/cleanup_processed_events.sql");
 const BLOCKED_AGGREGATES: &str = include_str!("../sql/queries/blocked_aggregates.sql");
 
 /// What `outbox-relay status` reports.
@@ -297,15 +299,7 @@ pub async fn cleanup<C: GenericClient + Sync>(
     older_than: Duration,
     batch_size: i64,
 ) -> Result<u64> {
-    let cutoff = cutoff(older_than);
-    let mut total = 0;
-    loop {
-        let n = cleanup_step(client, cutoff, batch_size).await?;
-        total += n;
-        if n < batch_size as u64 {
-            return Ok(total);
-        }
-    }
+    cleanup_batches(client, CLEANUP, older_than, batch_size).await
 }
 
 /// [`cleanup`] in `schema`: the schema version is checked in the first transaction, and each
@@ -317,6 +311,75 @@ pub async fn cleanup_in(
     older_than: Duration,
     batch_size: i64,
 ) -> Result<u64> {
+    cleanup_batches_in(client, schema, CLEANUP, older_than, batch_size).await
+}
+
+/// Deletes the `processed_events` rows (the idempotency records of [`crate::process_once`])
+/// recorded more than `older_than` ago, `batch_size` rows per statement. A consumer handles a
+/// redelivery of such an event as a first delivery, so `older_than` must be longer than any
+/// redelivery can come (the stream's retention, replays). Returns the number of rows deleted.
+///
+/// Fast with the index of schema version 4 (`processed_at`); works without it, scanning.
+pub async fn cleanup_processed_events<C: GenericClient + Sync>(
+    client: &C,
+    older_than: Duration,
+    batch_size: i64,
+) -> Result<u64> {
+    cleanup_batches(client, CLEANUP_PROCESSED_EVENTS, older_than, batch_size).await
+}
+
+/// [`cleanup_processed_events`] in `schema`, each batch a transaction of its own, the schema
+/// version checked in the first (as [`cleanup_in`]).
+pub async fn cleanup_processed_events_in(
+    client: &mut Client,
+    schema: Option<&str>,
+    older_than: Duration,
+    batch_size: i64,
+) -> Result<u64> {
+    cleanup_batches_in(
+        client,
+        schema,
+        CLEANUP_PROCESSED_EVENTS,
+        older_than,
+        batch_size,
+    )
+    .await
+}
+
+/// Runs the bounded delete `sql` (`$1` cutoff, `$2` batch size) until a batch deletes fewer rows
+/// than `batch_size` (which must be at least 1, or that would never happen).
+async fn cleanup_batches<C: GenericClient + Sync>(
+    client: &C,
+    sql: &str,
+    older_than: Duration,
+    batch_size: i64,
+) -> Result<u64> {
+    if batch_size < 1 {
+        return Err(Error::config("batch_size", "must be at least 1"));
+    }
+    let cutoff = cutoff(older_than);
+    let mut total = 0;
+    loop {
+        let n = cleanup_step(client, sql, cutoff, batch_size).await?;
+        total += n;
+        if n < batch_size as u64 {
+            return Ok(total);
+        }
+    }
+}
+
+/// [`cleanup_batches`] with each batch in a transaction of its own in `schema`; the first checks
+/// the schema version.
+async fn cleanup_batches_in(
+    client: &mut Client,
+    schema: Option<&str>,
+    sql: &str,
+    older_than: Duration,
+    batch_size: i64,
+) -> Result<u64> {
+    if batch_size < 1 {
+        return Err(Error::config("batch_size", "must be at least 1"));
+    }
     let cutoff = cutoff(older_than);
     let mut total = 0;
     let mut first = true;
@@ -326,7 +389,7 @@ pub async fn cleanup_in(
             check_schema(&tx).await?;
             first = false;
         }
-        let n = cleanup_step(&tx, cutoff, batch_size).await?;
+        let n = cleanup_step(&tx, sql, cutoff, batch_size).await?;
         tx.commit().await?;
         total += n;
         if n < batch_size as u64 {
@@ -343,12 +406,13 @@ fn cutoff(older_than: Duration) -> SystemTime {
 
 async fn cleanup_step<C: GenericClient + Sync>(
     client: &C,
+    sql: &str,
     cutoff: SystemTime,
     batch_size: i64,
 ) -> Result<u64> {
     Ok(client
         .execute_typed(
-            CLEANUP,
+            sql,
             &[(&cutoff, Type::TIMESTAMPTZ), (&batch_size, Type::INT8)],
         )
         .await?)

@@ -45,8 +45,10 @@ impl Relay {
     }
 
     /// Like [`Relay::new`], recording into the given metrics (so an application can serve them).
+    /// Their event type cap is set to the config's `metrics_event_types_max`.
     pub async fn with_metrics(config: RelayConfig, metrics: Arc<Metrics>) -> Result<Relay> {
         let settings = config.resolve()?;
+        metrics.set_event_types_max(settings.config.metrics_event_types_max);
         let mode = settings.config.notify_mode;
         Ok(Relay {
             signals: Arc::new(Signals::new(mode == NotifyMode::Gated)),
@@ -189,11 +191,10 @@ impl Relay {
             self.health.clone(),
             tasks.clone(),
         )));
-        if let Some(retention) = config.retention {
+        if config.retention.is_some() || config.processed_events_retention.is_some() {
             handles.push(tokio::spawn(crate::background::retention(
-                config.database_url.clone(),
-                config.schema.clone(),
-                retention,
+                config.clone(),
+                self.metrics.clone(),
                 tasks.clone(),
             )));
         }

@@ -1,7 +1,10 @@
 -- Statements granting a relay role what the relay and the operator commands need: read, mark,
--- delete outbox rows, read the schema version and the dead letters. LISTEN and advisory locks need
--- no grant. The relay does not own anything. $1 = role.
+-- delete outbox rows, read the schema version and the dead letters, and delete old rows of
+-- processed_events (`--processed-events-retention`; the row locks of its FOR UPDATE SKIP LOCKED
+-- need UPDATE on a column). LISTEN and advisory locks need no grant. The relay does not own
+-- anything. $1 = role.
 SELECT format('GRANT USAGE ON SCHEMA %I TO %I', current_schema(), $1::text)
 UNION ALL SELECT format('GRANT SELECT, UPDATE, DELETE ON outbox_events TO %I', $1::text)
 UNION ALL SELECT format('GRANT SELECT ON outbox_dead_letters TO %I', $1::text)
 UNION ALL SELECT format('GRANT SELECT ON outbox_schema_migrations TO %I', $1::text)
+UNION ALL SELECT format('GRANT SELECT, DELETE, UPDATE (processed_at) ON processed_events TO %I', $1::text)

@@ -7,7 +7,7 @@ use uuid::Uuid;
 use crate::config::RelayConfig;
 use crate::error::{Error, Result};
 use crate::event::OutboxEvent;
-use crate::metrics::{EventTypeLabel, FailedLabels, Metrics};
+use crate::metrics::Metrics;
 use crate::policy::{is_broker_outage, FailureKind, RetryPolicy, Verdict};
 use crate::publisher::{Outcome, Publisher};
 use crate::store::{Failure, Store};
@@ -213,12 +213,7 @@ fn observe(metrics: &Metrics, settled: Settled<'_>) {
             duplicate,
             acked_at,
         } => {
-            metrics
-                .published
-                .get_or_create(&EventTypeLabel {
-                    event_type: event.event_type.clone(),
-                })
-                .inc();
+            metrics.count_published(&event.event_type);
             if let Some(lag) = event
                 .created_at
                 .system_time()
@@ -236,13 +231,7 @@ fn observe(metrics: &Metrics, settled: Settled<'_>) {
             message,
             verdict,
         } => {
-            metrics
-                .failed
-                .get_or_create(&FailedLabels {
-                    event_type: event.event_type.clone(),
-                    reason: kind.label().to_string(),
-                })
-                .inc();
+            metrics.count_failed(&event.event_type, kind.label());
             if verdict.dead_letter {
                 metrics.dead_lettered.inc();
                 log_event!(

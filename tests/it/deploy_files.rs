@@ -23,6 +23,7 @@ const METRICS: &[(&str, &str)] = &[
     ("outbox_listener_connected", "gauge"),
     ("outbox_listener_reconnects", "counter"),
     ("outbox_broker_connected", "gauge"),
+    ("outbox_retention_deleted_rows", "counter"),
     ("outbox_relay_build", "info"),
 ];
 
@@ -94,6 +95,7 @@ fn metric_list_matches_the_registry() {
         })
         .inc();
     metrics.wakeup("notify");
+    metrics.count_retention_deleted("processed_events", 1);
     let text = metrics.encode();
     let registered: BTreeMap<String, String> = text
         .lines()

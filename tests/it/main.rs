@@ -19,6 +19,7 @@ mod poison;
 mod pooler;
 mod privileges;
 mod relay;
+mod retention;
 mod routing;
 mod security;
 #[cfg(feature = "sqlx")]

@@ -205,3 +205,56 @@ async fn traceparent_given_at_enqueue_arrives_as_a_header() {
     assert_eq!(stored[0].headers["tracestate"], "vendor=abc");
     relay.stop().await;
 }
+
+/// `--metrics-event-types-max 2`: the first two event types published keep their series, the
+/// other three are summed under `event_type="other"`, and nothing is lost from the totals.
+#[tokio::test]
+async fn event_type_label_is_capped() {
+    let env = Env::new().await;
+    let addr = free_addr();
+    let addr_arg = addr.to_string();
+    let relay = testkit::outbox::CliRelay::run_serving(
+        &env,
+        &[
+            "--metrics-addr",
+            &addr_arg,
+            "--metrics-event-types-max",
+            "2",
+        ],
+    );
+    // One type after the other, so that "first seen" is known: a, then b, then the rest.
+    env.insert_sql(1, "a", "order.a").await;
+    env.wait_stream_len(1, Duration::from_secs(15)).await;
+    env.insert_sql(2, "b", "order.b").await;
+    env.wait_stream_len(3, Duration::from_secs(15)).await;
+    env.insert_sql(3, "c", "order.c").await;
+    env.insert_sql(4, "d", "order.d").await;
+    env.insert_sql(5, "e", "order.e").await;
+    env.wait_stream_len(15, Duration::from_secs(15)).await;
+
+    let published = |body: &str| -> Vec<(String, f64)> {
+        let mut series: Vec<(String, f64)> = body
+            .lines()
+            .filter_map(|l| l.strip_prefix("outbox_events_published_total{event_type=\""))
+            .filter_map(|l| {
+                let (event_type, rest) = l.split_once("\"}")?;
+                Some((event_type.to_string(), rest.trim().parse().ok()?))
+            })
+            .collect();
+        series.sort_by(|x, y| x.0.cmp(&y.0));
+        series
+    };
+    let expected = vec![
+        ("order.a".to_string(), 1.0),
+        ("order.b".to_string(), 2.0),
+        ("other".to_string(), 12.0),
+    ];
+    // The counters are incremented after the commit that the stream length does not wait for.
+    wait_until("capped series scraped", Duration::from_secs(10), || async {
+        http_get(addr, "/metrics")
+            .await
+            .is_some_and(|(_, body)| published(&body) == expected)
+    })
+    .await;
+    assert_eq!(relay.terminate(), Some(0));
+}

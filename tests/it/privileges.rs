@@ -117,6 +117,36 @@ async fn relay_and_writer_under_least_privilege_roles_in_a_custom_schema() {
     );
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(status["pending"], 0);
+    // The retention of both tables, as the relay role (the relay runs the same statements).
+    admin
+        .batch_execute(
+            "INSERT INTO app_events.processed_events (event_id, processed_at)
+             SELECT gen_random_uuid(), now() - interval '2 days' FROM generate_series(1, 3)",
+        )
+        .await
+        .expect("old processed_events");
+    let out = Command::new(bin)
+        .args([
+            "cleanup",
+            "--schema",
+            "app_events",
+            "--older-than",
+            "1d",
+            "--processed-events-older-than",
+            "1d",
+        ])
+        .env("DATABASE_URL", &relay_url)
+        .output()
+        .expect("cleanup");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "deleted 0 rows\ndeleted 3 processed_events rows\n"
+    );
     // The public schema's outbox was untouched.
     assert_eq!(env.count("true").await, 0);
     assert_eq!(relay.terminate(), Some(0));
