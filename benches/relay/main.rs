@@ -20,12 +20,15 @@
 //!    the pending backlog over time.
 //! 5. `relays`: a backlog drained by 1 relay and by 3 relays at once; duplicates seen on the wire.
 //!
-//! Every row goes into one markdown table on stdout and into `target/bench/results.json`. A
-//! scenario that fails is reported in the table and the others still run.
+//! Every row goes into one markdown table on stdout and into `target/bench/results.json`, and the
+//! charts of the scenarios that ran into `target/bench/*.svg` (`charts`). A scenario that fails is
+//! reported in the table and the others still run.
 //!
 //! One module per scenario; `env` holds what they share (servers and the relay process come from
-//! the `testkit` harness crate), `report` the rows, the table and `results.json`.
+//! the `testkit` harness crate), `report` the rows, the table and `results.json`, `charts` the SVG
+//! charts (drawn by `testkit::charts`).
 
+mod charts;
 mod drain;
 mod env;
 mod idle_latency;
@@ -157,6 +160,9 @@ fn main() {
             Err(e) => eprintln!("[bench] cannot write {}: {e}", json_path.display()),
         },
         Err(e) => eprintln!("[bench] cannot serialize results: {e}"),
+    }
+    for chart in charts::write_charts(&rows, &out_dir) {
+        println!("chart: {}", chart.display());
     }
     if failures > 0 {
         eprintln!("[bench] {failures} row(s) FAILED");
