@@ -50,7 +50,7 @@ fn timelines(
 fn rate_series(rows: &[Row], scenario: &str) -> Vec<Series> {
     timelines(rows, scenario, |_, t| {
         let cumulative: Vec<(f64, f64)> = t.iter().map(|&(s, n)| (s, n as f64)).collect();
-        rates(&cumulative)
+        rates(&cumulative, RATE_WINDOW_S)
     })
 }
 
@@ -63,7 +63,10 @@ fn remaining_series(rows: &[Row], scenario: &str) -> Vec<Series> {
     })
 }
 
-const TIME: &str = "time since the relays were started (s)";
+const TIME: &str = "time since the drain started (s)";
+
+/// The window of the rate at each sample: about 8 batches of 1,000 at the drain rates here.
+const RATE_WINDOW_S: f64 = 0.5;
 
 fn drain_rate(rows: &[Row], scenario: &str, what: &str) -> Option<LineChart> {
     let series = rate_series(rows, scenario);

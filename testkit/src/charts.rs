@@ -105,19 +105,34 @@ pub fn cdf(values: &[f64]) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// Rates from cumulative counts: for samples (t, count), the slope over the window from the
-/// previous to the next sample, at each sample (the first one from 0 at t = 0). Counting once per
-/// sample interval quantises the rate by the batch size; the two-interval window halves that.
-pub fn rates(cumulative: &[(f64, f64)]) -> Vec<(f64, f64)> {
-    let mut with_origin = Vec::with_capacity(cumulative.len() + 1);
-    with_origin.push((0.0, 0.0));
-    with_origin.extend(cumulative.iter().copied().filter(|(t, _)| *t > 0.0));
-    let last = with_origin.len() - 1;
-    (1..=last)
+/// Rates from cumulative counts: for samples (t, count) and a count of 0 at t = 0, the slope at
+/// each sample over about `window` centred on it (from the last sample at or before t - window/2
+/// to the first at or after t + window/2, clipped to the samples there are). Counting per sample
+/// interval alone would quantise the rate by the batch size and turn a short last interval into a
+/// spike.
+pub fn rates(cumulative: &[(f64, f64)], window: f64) -> Vec<(f64, f64)> {
+    let mut points = Vec::with_capacity(cumulative.len() + 1);
+    points.push((0.0, 0.0));
+    points.extend(
+        cumulative
+            .iter()
+            .copied()
+            .filter(|(t, c)| *t > 0.0 && t.is_finite() && c.is_finite()),
+    );
+    let half = window / 2.0;
+    (1..points.len())
         .filter_map(|i| {
-            let (t0, c0) = with_origin[i - 1];
-            let (t1, c1) = with_origin[(i + 1).min(last)];
-            (t1 > t0).then(|| (with_origin[i].0, (c1 - c0) / (t1 - t0)))
+            let t = points[i].0;
+            let lo = points[..i]
+                .iter()
+                .rposition(|p| p.0 <= t - half)
+                .unwrap_or(0);
+            let hi = points[i..]
+                .iter()
+                .position(|p| p.0 >= t + half)
+                .map_or(points.len() - 1, |j| i + j);
+            let ((t0, c0), (t1, c1)) = (points[lo], points[hi]);
+            (t1 > t0).then(|| (t, (c1 - c0) / (t1 - t0)))
         })
         .collect()
 }
@@ -191,13 +206,11 @@ pub fn line_chart_svg(chart: &LineChart) -> Result<String, String> {
         if chart.log_x {
             let lo = xs().fold(f64::INFINITY, f64::min);
             let hi = xs().fold(0.0_f64, f64::max);
-            // Whole decades, so that every tick is a power of ten; the lower end a hair below its
-            // decade, which plotters' rounding would otherwise leave without a label.
+            // From a whole decade (a hair below it, which plotters' rounding would otherwise leave
+            // without a label), so that the ticks are powers of ten; at least one decade wide.
             let (lo, hi) = if lo.is_finite() && hi > 0.0 {
-                (
-                    10f64.powf(lo.log10().floor()) * 0.999,
-                    10f64.powf(hi.log10().ceil().max(lo.log10().floor() + 1.0)),
-                )
+                let decade = 10f64.powf(lo.log10().floor());
+                (decade * 0.999, (hi * 1.1).max(decade * 10.0))
             } else {
                 (0.1, 10.0)
             };
@@ -379,7 +392,7 @@ mod tests {
             series: vec![
                 Series {
                     name: "batch 1000 (default)".into(),
-                    points: rates(&[(0.25, 4000.0), (0.5, 8000.0), (0.75, 12000.0)]),
+                    points: rates(&[(0.25, 4000.0), (0.5, 8000.0), (0.75, 12000.0)], 0.5),
                 },
                 Series {
                     name: "ordering <none> & batch 2000".into(),
@@ -512,10 +525,21 @@ mod tests {
         );
         // 1,000 events per 0.5 s: 2,000/s everywhere, including the edges.
         assert_eq!(
-            rates(&[(0.5, 1000.0), (1.0, 2000.0), (1.5, 3000.0)]),
+            rates(&[(0.5, 1000.0), (1.0, 2000.0), (1.5, 3000.0)], 0.5),
             vec![(0.5, 2000.0), (1.0, 2000.0), (1.5, 2000.0)]
         );
-        assert_eq!(rates(&[]), vec![]);
+        // A batch of 1,000 lands every 0.1 s, sampled every 0.05 s, the last sample 0.01 s after
+        // the one before: 10,000/s over a 0.4 s window, no spike at the end.
+        let samples: Vec<(f64, f64)> = (1..=10)
+            .map(|i| (i as f64 * 0.05, (i / 2) as f64 * 1000.0))
+            .chain([(0.51, 5000.0)])
+            .collect();
+        let r = rates(&samples, 0.4);
+        assert!(
+            r.iter().all(|&(_, v)| (7_000.0..=12_500.0).contains(&v)),
+            "{r:?}"
+        );
+        assert_eq!(rates(&[], 0.5), vec![]);
         assert_eq!(format_number(16417.4), "16,417");
         assert_eq!(format_number(-1234567.0), "-1,234,567");
         assert_eq!(format_number(0.5), "0.5");
