@@ -3,7 +3,8 @@
 //!
 //! `cargo bench --bench relay` (full, about 10 minutes) or `OUTBOX_BENCH_QUICK=1 cargo bench --bench
 //! relay` (under a minute). Positional arguments select scenarios by name substring, for example
-//! `cargo bench --bench relay -- drain`.
+//! `cargo bench --bench relay -- drain`. `OUTBOX_BENCH_CHARTS_FROM=<results.json>` runs nothing and
+//! draws the charts of that earlier run.
 //!
 //! Scenarios:
 //! 1. `drain`: a pre-inserted backlog drained by one relay (batch sizes, ordering, and once without
@@ -67,6 +68,29 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "(non-string panic)".into())
 }
 
+/// Draws the charts of an earlier run's `results.json` again (after a change to the charts), without
+/// running anything: `OUTBOX_BENCH_CHARTS_FROM=target/bench/results.json cargo bench --bench relay`.
+fn redraw(results: &std::path::Path, out_dir: &std::path::Path) -> i32 {
+    let rows: Vec<Row> = match std::fs::read_to_string(results)
+        .map_err(|e| e.to_string())
+        .and_then(|json| serde_json::from_str(&json).map_err(|e| e.to_string()))
+    {
+        Ok(rows) => rows,
+        Err(e) => {
+            eprintln!("[bench] cannot read {}: {e}", results.display());
+            return 1;
+        }
+    };
+    if let Err(e) = std::fs::create_dir_all(out_dir) {
+        eprintln!("[bench] cannot create {}: {e}", out_dir.display());
+        return 1;
+    }
+    for chart in charts::write_charts(&rows, out_dir) {
+        println!("chart: {}", chart.display());
+    }
+    0
+}
+
 fn main() {
     let quick = std::env::var("OUTBOX_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
     // cargo passes `--bench`; other arguments select scenarios by name.
@@ -79,6 +103,9 @@ fn main() {
         .filter(|name| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
         .collect();
     let out_dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/target/bench"));
+    if let Some(path) = std::env::var_os("OUTBOX_BENCH_CHARTS_FROM") {
+        std::process::exit(redraw(&PathBuf::from(path), &out_dir));
+    }
     let log_dir = out_dir.join("logs");
     if let Err(e) = std::fs::create_dir_all(&log_dir) {
         eprintln!("[bench] cannot create {}: {e}", log_dir.display());

@@ -1,8 +1,8 @@
 //! The results: one row per variant, the markdown table and `results.json`.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub(crate) struct Row {
     pub(crate) scenario: String,
     pub(crate) variant: String,

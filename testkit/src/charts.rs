@@ -72,6 +72,8 @@ pub struct LineChart {
     pub legend: Legend,
     /// The y axis ends at this multiple of the largest y: room above the lines for the legend.
     pub y_headroom: f64,
+    /// The x axis ends here (else at the largest x); lines going on beyond it are cut there.
+    pub x_max: Option<f64>,
 }
 
 /// One bar per group: its legend entry and a value per group (`None`: no bar, e.g. a failed run).
@@ -181,6 +183,7 @@ fn upper(values: impl Iterator<Item = f64>, headroom: f64) -> f64 {
 
 /// Renders a line chart as an SVG document.
 pub fn line_chart_svg(chart: &LineChart) -> Result<String, String> {
+    let x_max = chart.x_max.filter(|max| *max > 0.0);
     let series: Vec<Series> = chart
         .series
         .iter()
@@ -191,6 +194,7 @@ pub fn line_chart_svg(chart: &LineChart) -> Result<String, String> {
                 .iter()
                 .copied()
                 .filter(|(x, y)| x.is_finite() && y.is_finite() && (!chart.log_x || *x > 0.0))
+                .filter(|(x, _)| x_max.is_none_or(|max| *x <= max))
                 .collect(),
         })
         .collect();
@@ -216,7 +220,7 @@ pub fn line_chart_svg(chart: &LineChart) -> Result<String, String> {
             };
             draw_lines(&root, chart, &series, (lo..hi).log_scale(), y_max)?;
         } else {
-            let hi = upper(xs(), 1.0);
+            let hi = x_max.unwrap_or_else(|| upper(xs(), 1.0));
             draw_lines(&root, chart, &series, 0.0..hi, y_max)?;
         }
         root.present().map_err(err)?;
@@ -402,6 +406,7 @@ mod tests {
             log_x: false,
             legend: Legend::UpperRight,
             y_headroom: 1.5,
+            x_max: None,
         };
         let svg = line_chart_svg(&chart).expect("renders");
         let texts = texts(&svg);
@@ -441,6 +446,7 @@ mod tests {
             log_x: true,
             legend: Legend::UpperLeft,
             y_headroom: 1.05,
+            x_max: None,
         };
         let texts = texts(&line_chart_svg(&chart).expect("renders"));
         for expected in ["gated", "poll", "0.1", "1", "10", "100", "1,000"] {
@@ -504,6 +510,7 @@ mod tests {
             log_x: true,
             legend: Legend::LowerRight,
             y_headroom: 0.0,
+            x_max: Some(-1.0),
         };
         assert!(texts(&line_chart_svg(&empty).expect("renders")).contains(&"failed run".into()));
         let bars = BarChart {
