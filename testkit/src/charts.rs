@@ -428,6 +428,43 @@ mod tests {
     }
 
     #[test]
+    fn x_max_cuts_lines_at_the_axis_end() {
+        let chart = LineChart {
+            title: "cut".into(),
+            x_label: "time (s)".into(),
+            y_label: "events/s".into(),
+            series: vec![Series {
+                name: "slow".into(),
+                points: (0..=40).map(|i| (f64::from(i), 3000.0)).collect(),
+            }],
+            log_x: false,
+            legend: Legend::UpperRight,
+            y_headroom: 1.2,
+            x_max: Some(8.0),
+        };
+        let svg = line_chart_svg(&chart).expect("renders");
+        let texts = texts(&svg);
+        assert!(texts.iter().any(|t| t == "8"), "{texts:?}");
+        assert!(!texts.iter().any(|t| t == "40"), "{texts:?}");
+        // Nothing drawn right of the plot: every line point within the 800 px width.
+        let doc = roxmltree::Document::parse(&svg).expect("well-formed SVG");
+        for line in doc.descendants().filter(|n| n.has_tag_name("polyline")) {
+            for xy in line
+                .attribute("points")
+                .unwrap_or_default()
+                .split_whitespace()
+            {
+                let x: f64 = xy
+                    .split(',')
+                    .next()
+                    .and_then(|x| x.parse().ok())
+                    .expect("x");
+                assert!(x <= 800.0, "{xy}");
+            }
+        }
+    }
+
+    #[test]
     fn log_scaled_cdf_spans_whole_decades() {
         let chart = LineChart {
             title: "Latency".into(),
