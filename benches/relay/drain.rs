@@ -154,10 +154,17 @@ impl StreamSampler {
         Ok(StreamSampler { stop, task })
     }
 
-    pub(crate) async fn finish(self) -> Vec<(f64, u64)> {
+    pub(crate) async fn finish(mut self) -> Vec<(f64, u64)> {
         self.stop.cancel();
-        let samples = tokio::time::timeout(Duration::from_secs(10), self.task).await;
+        let samples = tokio::time::timeout(Duration::from_secs(10), &mut self.task).await;
         samples.ok().and_then(Result::ok).unwrap_or_default()
+    }
+}
+
+/// A drain that fails before `finish` must not leave the sampler running for the rest of the bench.
+impl Drop for StreamSampler {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
