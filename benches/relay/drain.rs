@@ -10,6 +10,7 @@ use async_nats::jetstream::{self};
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
+use testkit::outbox::STREAM;
 use testkit::pg_client;
 
 use crate::env::*;
@@ -103,6 +104,71 @@ impl DupCounter {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Drain progress over time (for the charts)
+// ---------------------------------------------------------------------------------------------
+
+/// Samples the number of messages in the stream at a fixed interval: the drain's progress over
+/// time. One stream-info request per sample, which costs the servers next to nothing (a count of
+/// pending rows would cost PostgreSQL a good part of a core at a 100k backlog).
+pub(crate) struct StreamSampler {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<Vec<(f64, u64)>>,
+}
+
+impl StreamSampler {
+    pub(crate) async fn start(
+        nats_url: &str,
+        since: Instant,
+        every: Duration,
+    ) -> Res<StreamSampler> {
+        let js = jetstream::new(nats_client(nats_url).await?);
+        let mut stream = within(Duration::from_secs(10), "get stream", async {
+            js.get_stream(STREAM).await.ctx("get stream")
+        })
+        .await?;
+        let stop = CancellationToken::new();
+        let task = {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut samples = Vec::new();
+                let mut ticker = tokio::time::interval(every);
+                ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    // On stop, one last sample: the timeline ends where the drain did.
+                    let last = tokio::select! {
+                        _ = stop.cancelled() => true,
+                        _ = ticker.tick() => false,
+                    };
+                    // A sample that fails or is late is left out; the drain goes on regardless.
+                    let info =
+                        tokio::time::timeout(every.max(Duration::from_secs(1)), stream.info());
+                    if let Ok(Ok(info)) = info.await {
+                        samples.push((since.elapsed().as_secs_f64(), info.state.messages));
+                    }
+                    if last {
+                        return samples;
+                    }
+                }
+            })
+        };
+        Ok(StreamSampler { stop, task })
+    }
+
+    pub(crate) async fn finish(mut self) -> Vec<(f64, u64)> {
+        self.stop.cancel();
+        let samples = tokio::time::timeout(Duration::from_secs(10), &mut self.task).await;
+        samples.ok().and_then(Result::ok).unwrap_or_default()
+    }
+}
+
+/// A drain that fails before `finish` must not leave the sampler running for the rest of the bench.
+impl Drop for StreamSampler {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Backlog drains (scenarios 1 and 5)
 // ---------------------------------------------------------------------------------------------
 
@@ -132,6 +198,8 @@ pub(crate) async fn drain_variant(
     };
 
     let started = Instant::now();
+    let sample_every = Duration::from_millis(if ctx.quick { 100 } else { 250 });
+    let sampler = StreamSampler::start(&ctx.nats_url, started, sample_every).await?;
     let mut relays = Vec::new();
     let mut classic = None;
     match &drainer {
@@ -184,6 +252,7 @@ pub(crate) async fn drain_variant(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let wall = started.elapsed().as_secs_f64();
+    row.timeline = Some(sampler.finish().await);
     row.peak_rss_mb = max_rss(&relays);
     stop_all(relays, &mut row).await;
     if let Some(h) = classic {

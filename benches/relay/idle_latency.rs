@@ -133,6 +133,12 @@ pub(crate) async fn idle_latency(
     if lat.len() < n {
         row.note(format!("{} of {n} events NOT RECEIVED", n - lat.len()));
     }
+    // Microseconds are plenty for the chart and keep results.json small.
+    row.latencies_ms = Some(
+        lat.iter()
+            .map(|ms| (ms * 1000.0).round() / 1000.0)
+            .collect(),
+    );
     set_latency(&mut row, &mut lat);
     row.note(format!("{} of {n} took > 100 ms", slow.len()));
     if !slow.is_empty() && slow.len() <= 5 {

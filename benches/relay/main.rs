@@ -3,7 +3,8 @@
 //!
 //! `cargo bench --bench relay` (full, about 10 minutes) or `OUTBOX_BENCH_QUICK=1 cargo bench --bench
 //! relay` (under a minute). Positional arguments select scenarios by name substring, for example
-//! `cargo bench --bench relay -- drain`.
+//! `cargo bench --bench relay -- drain`. `OUTBOX_BENCH_CHARTS_FROM=<results.json>` runs nothing and
+//! draws the charts of that earlier run.
 //!
 //! Scenarios:
 //! 1. `drain`: a pre-inserted backlog drained by one relay (batch sizes, ordering, and once without
@@ -20,12 +21,15 @@
 //!    the pending backlog over time.
 //! 5. `relays`: a backlog drained by 1 relay and by 3 relays at once; duplicates seen on the wire.
 //!
-//! Every row goes into one markdown table on stdout and into `target/bench/results.json`. A
-//! scenario that fails is reported in the table and the others still run.
+//! Every row goes into one markdown table on stdout and into `target/bench/results.json`, and the
+//! charts of the scenarios that ran into `target/bench/*.svg` (`charts`). A scenario that fails is
+//! reported in the table and the others still run.
 //!
 //! One module per scenario; `env` holds what they share (servers and the relay process come from
-//! the `testkit` harness crate), `report` the rows, the table and `results.json`.
+//! the `testkit` harness crate), `report` the rows, the table and `results.json`, `charts` the SVG
+//! charts (drawn by `testkit::charts`).
 
+mod charts;
 mod drain;
 mod env;
 mod idle_latency;
@@ -64,6 +68,29 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "(non-string panic)".into())
 }
 
+/// Draws the charts of an earlier run's `results.json` again (after a change to the charts), without
+/// running anything: `OUTBOX_BENCH_CHARTS_FROM=target/bench/results.json cargo bench --bench relay`.
+fn redraw(results: &std::path::Path, out_dir: &std::path::Path) -> i32 {
+    let rows: Vec<Row> = match std::fs::read_to_string(results)
+        .map_err(|e| e.to_string())
+        .and_then(|json| serde_json::from_str(&json).map_err(|e| e.to_string()))
+    {
+        Ok(rows) => rows,
+        Err(e) => {
+            eprintln!("[bench] cannot read {}: {e}", results.display());
+            return 1;
+        }
+    };
+    if let Err(e) = std::fs::create_dir_all(out_dir) {
+        eprintln!("[bench] cannot create {}: {e}", out_dir.display());
+        return 1;
+    }
+    for chart in charts::write_charts(&rows, out_dir) {
+        println!("chart: {}", chart.display());
+    }
+    0
+}
+
 fn main() {
     let quick = std::env::var("OUTBOX_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
     // cargo passes `--bench`; other arguments select scenarios by name.
@@ -76,6 +103,9 @@ fn main() {
         .filter(|name| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
         .collect();
     let out_dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/target/bench"));
+    if let Some(path) = std::env::var_os("OUTBOX_BENCH_CHARTS_FROM") {
+        std::process::exit(redraw(&PathBuf::from(path), &out_dir));
+    }
     let log_dir = out_dir.join("logs");
     if let Err(e) = std::fs::create_dir_all(&log_dir) {
         eprintln!("[bench] cannot create {}: {e}", log_dir.display());
@@ -157,6 +187,9 @@ fn main() {
             Err(e) => eprintln!("[bench] cannot write {}: {e}", json_path.display()),
         },
         Err(e) => eprintln!("[bench] cannot serialize results: {e}"),
+    }
+    for chart in charts::write_charts(&rows, &out_dir) {
+        println!("chart: {}", chart.display());
     }
     if failures > 0 {
         eprintln!("[bench] {failures} row(s) FAILED");

@@ -1,8 +1,8 @@
 //! The results: one row per variant, the markdown table and `results.json`.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub(crate) struct Row {
     pub(crate) scenario: String,
     pub(crate) variant: String,
@@ -16,6 +16,18 @@ pub(crate) struct Row {
     pub(crate) peak_rss_mb: Option<f64>,
     pub(crate) duplicates: Option<u64>,
     pub(crate) notes: String,
+    // What the charts are drawn from (`charts.rs`); left out of results.json when absent.
+    /// Drains: (seconds since the drainers started, messages in the stream), sampled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) timeline: Option<Vec<(f64, u64)>>,
+    /// Idle latency: every event's latency (COMMIT returned -> receipt), in milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) latencies_ms: Option<Vec<f64>>,
+    /// Writers: the variant without its client count, and the client count.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) config: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) clients: Option<u64>,
 }
 
 impl Row {

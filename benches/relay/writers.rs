@@ -223,6 +223,8 @@ pub(crate) async fn writer_throughput(
     row.events = Some(txns);
     row.seconds = Some(secs as f64);
     row.writer_tps = Some(tps);
+    row.config = Some(variant.label.into());
+    row.clients = Some(clients as u64);
     row.note(notify_share(notified, txns));
     row.note(format!(
         "relay committed {batches} batches during the run; pending when writers stopped: {left}"
