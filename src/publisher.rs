@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream::{self, context::PublishErrorKind, stream};
 use futures::future::join_all;
+use tracing::Instrument;
 
 use crate::config::RelayConfig;
 use crate::error::{Error, Result};
@@ -44,6 +45,9 @@ pub struct Failure {
     pub message: String,
     /// JetStream did not answer on the subject: settled by a probe after the batch.
     no_responders: bool,
+    /// The event's send span (disabled unless traced): what is logged about this failure is logged
+    /// inside it, so that the log lines and span events belong to the send.
+    pub span: tracing::Span,
 }
 
 impl Failure {
@@ -52,6 +56,7 @@ impl Failure {
             kind,
             message: message.into(),
             no_responders: false,
+            span: tracing::Span::none(),
         }
     }
 }
@@ -317,14 +322,34 @@ impl Publisher {
         outcomes
     }
 
+    /// One publish inside the event's send span (see `otel`; a disabled span without the feature
+    /// or a subscriber that wants it).
     async fn publish_one(&self, event: &OutboxEvent) -> Outcome {
-        let headers = match event.validate().map(|()| headers(event)) {
+        let subject = self.subject(event);
+        let span = send_span(event, &subject);
+        let outcome = self
+            .send(event, subject, &span)
+            .instrument(span.clone())
+            .await;
+        match outcome {
+            Outcome::Failed(mut f) => {
+                trace_failure(&span, &f.message);
+                f.span = span;
+                Outcome::Failed(f)
+            }
+            outcome => outcome,
+        }
+    }
+
+    async fn send(&self, event: &OutboxEvent, subject: String, span: &tracing::Span) -> Outcome {
+        let trace = outgoing_trace_headers(span);
+        let headers = match event.validate().map(|()| headers_with(event, &trace)) {
             Ok(h) => h,
             Err(e) => return Outcome::Failed(Failure::new(FailureKind::Invalid, e.to_string())),
         };
         let sent = self
             .js
-            .publish_with_headers(self.subject(event), headers, event.payload.clone())
+            .publish_with_headers(subject, headers, event.payload.clone())
             .await;
         let result = match sent {
             Ok(ack) => ack.await,
@@ -416,6 +441,25 @@ impl Publisher {
     }
 }
 
+#[cfg(feature = "otel")]
+use crate::otel::{
+    outgoing_headers as outgoing_trace_headers, record_failure as trace_failure, send_span,
+};
+
+/// Without the `otel` feature: no span, the row's headers go out as they are.
+#[cfg(not(feature = "otel"))]
+fn send_span(_: &OutboxEvent, _: &str) -> tracing::Span {
+    tracing::Span::none()
+}
+
+#[cfg(not(feature = "otel"))]
+fn outgoing_trace_headers(_: &tracing::Span) -> Vec<(String, String)> {
+    Vec::new()
+}
+
+#[cfg(not(feature = "otel"))]
+fn trace_failure(_: &tracing::Span, _: &str) {}
+
 fn is_not_found(e: &jetstream::context::GetStreamError) -> bool {
     matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(ref js)
         if js.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
@@ -424,9 +468,26 @@ fn is_not_found(e: &jetstream::context::GetStreamError) -> bool {
 /// `Nats-Msg-Id` (JetStream dedup), the outbox metadata, then the row's own headers.
 /// Public for tests of the mapping; call it only for an event that passed [`OutboxEvent::validate`].
 pub fn headers(event: &OutboxEvent) -> async_nats::HeaderMap {
+    headers_with(event, &[])
+}
+
+/// [`headers`] with `trace` (the send span's context) in place of the row's trace headers: a
+/// row's header of the same name whatever its case takes the new value, under its own name.
+fn headers_with(event: &OutboxEvent, trace: &[(String, String)]) -> async_nats::HeaderMap {
     let id = event.id.to_string();
     let mut h = async_nats::HeaderMap::new();
+    let mut replaced = vec![false; trace.len()];
     for (name, value) in &event.headers {
+        let value = match trace.iter().position(|(t, _)| t.eq_ignore_ascii_case(name)) {
+            Some(i) => {
+                replaced[i] = true;
+                trace[i].1.as_str()
+            }
+            None => value.as_str(),
+        };
+        h.insert(name.as_str(), value);
+    }
+    for ((name, value), _) in trace.iter().zip(&replaced).filter(|(_, r)| !**r) {
         h.insert(name.as_str(), value.as_str());
     }
     h.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
