@@ -362,6 +362,47 @@ fn send_span_of(exported: &[(String, Span)], id: uuid::Uuid) -> (String, Span) {
         .unwrap_or_else(|| panic!("no span for {id} in {exported:#?}"))
 }
 
+/// The relay binary exporting spans to `receiver` quickly (100 ms batches), logging at warn in
+/// `format` to `log_path`.
+fn relay_exporting_to(
+    env: &Env,
+    receiver: std::net::SocketAddr,
+    format: &str,
+    log_path: &std::path::Path,
+) -> RelayProcess {
+    let log = std::fs::File::create(log_path).expect("log file");
+    let mut cmd = testkit::relay_command();
+    cmd.args(["run", "--metrics-addr", "off", "--fallback-interval", "60s"])
+        .args(["--log-format", format])
+        .env("DATABASE_URL", &env.db)
+        .env("NATS_URL", env.nats.url())
+        .env("RUST_LOG", "warn")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{receiver}"))
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .env_remove("OTEL_SERVICE_NAME")
+        .env_remove("OTEL_RESOURCE_ATTRIBUTES")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log);
+    RelayProcess::spawn("otel-relay", cmd, Some(log_path.to_owned())).expect("relay")
+}
+
+/// Inserts a row whose `created_at` is no time (dead-lettered at once) with `traceparent`.
+async fn insert_poison(client: &tokio_postgres::Client, traceparent: &str) -> uuid::Uuid {
+    client
+        .query_one(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, created_at, headers)
+             VALUES ('order', 'poison', 'order.created', '{}', 'infinity', jsonb_build_object('traceparent', $1::text))
+             RETURNING id",
+            &[&traceparent],
+        )
+        .await
+        .expect("poison row")
+        .get(0)
+}
+
 #[tokio::test]
 async fn the_relay_binary_exports_producer_spans_in_the_writers_trace() {
     let env = Env::new().await;
@@ -380,42 +421,11 @@ async fn the_relay_binary_exports_producer_spans_in_the_writers_trace() {
     let untraced = enqueue(&client, &event("untraced")).await.expect("enqueue");
     // A poison row with a stored context: a `created_at` that is no time is dead-lettered at once.
     const POISON_PARENT: &str = "00-11111111111111111111111111111111-2222222222222222-01";
-    let poison: uuid::Uuid = client
-        .query_one(
-            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, created_at, headers)
-             VALUES ('order', 'poison', 'order.created', '{}', 'infinity', jsonb_build_object('traceparent', $1::text))
-             RETURNING id",
-            &[&POISON_PARENT],
-        )
-        .await
-        .expect("poison row")
-        .get(0);
+    let poison = insert_poison(&client, POISON_PARENT).await;
 
     let dir = tempfile::tempdir().expect("tempdir");
     let log_path = dir.path().join("relay.log");
-    let log = std::fs::File::create(&log_path).expect("log file");
-    let mut cmd = testkit::relay_command();
-    cmd.args([
-        "run",
-        "--metrics-addr",
-        "off",
-        "--fallback-interval",
-        "60s",
-        "--log-format",
-        "json",
-    ])
-    .env("DATABASE_URL", &env.db)
-    .env("NATS_URL", env.nats.url())
-    .env("RUST_LOG", "warn")
-    .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{receiver}"))
-    .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-    .env_remove("OTEL_SERVICE_NAME")
-    .env_remove("OTEL_RESOURCE_ATTRIBUTES")
-    .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-    .stdin(std::process::Stdio::null())
-    .stdout(std::process::Stdio::null())
-    .stderr(log);
-    let relay = RelayProcess::spawn("otel-relay", cmd, Some(log_path.clone())).expect("relay");
+    let relay = relay_exporting_to(&env, receiver, "json", &log_path);
 
     env.wait_stream_len(2, Duration::from_secs(20)).await;
     wait_until(
@@ -508,4 +518,57 @@ async fn the_relay_binary_exports_producer_spans_in_the_writers_trace() {
         "the dead letter is an event of the span: {:?}",
         failed.events
     );
+}
+
+#[tokio::test]
+async fn text_log_lines_inside_a_send_span_end_with_its_ids() {
+    let env = Env::new().await;
+    let client = env.client().await;
+    let (receiver, exported) = otlp_receiver().await;
+    let poison = insert_poison(
+        &client,
+        "00-33333333333333333333333333333333-4444444444444444-01",
+    )
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log_path = dir.path().join("relay.log");
+    let relay = relay_exporting_to(&env, receiver, "text", &log_path);
+    wait_until(
+        "the poison row dead-lettered",
+        Duration::from_secs(20),
+        || async { env.count("dead_lettered_at IS NOT NULL").await == 1 },
+    )
+    .await;
+    assert_eq!(relay.stop().await, None, "the relay exits cleanly");
+    let (_, failed) = send_span_of(&exported.lock().expect("lock"), poison);
+    assert_eq!(hex(&failed.trace_id), "33333333333333333333333333333333");
+    let logs = std::fs::read_to_string(&log_path).expect("log");
+    let line = logs
+        .lines()
+        .find(|l| l.contains("event dead-lettered"))
+        .unwrap_or_else(|| panic!("no dead-letter line in {logs}"));
+    assert!(
+        line.ends_with(&format!(
+            " trace_id={} span_id={}",
+            hex(&failed.trace_id),
+            hex(&failed.span_id)
+        )),
+        "{line}"
+    );
+    assert!(line.contains(&poison.to_string()), "{line}");
+}
+
+#[test]
+fn an_unsupported_otlp_protocol_is_a_usage_error() {
+    let out = testkit::relay_command()
+        .args(["run", "--metrics-addr", "off"])
+        .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        .output()
+        .expect("run outbox-relay");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("OTEL_EXPORTER_OTLP_PROTOCOL"), "{stderr}");
 }
