@@ -23,6 +23,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::event::OutboxEvent;
+use crate::policy::FailureKind;
 
 /// The `tracing` target of the relay's send spans: a subscriber can enable or drop them by it.
 pub const SEND_TARGET: &str = "outbox_relay::otel";
@@ -88,6 +89,7 @@ pub(crate) fn send_span(event: &OutboxEvent, subject: &str) -> tracing::Span {
         otel.kind = "producer",
         otel.status_code = tracing::field::Empty,
         otel.status_description = tracing::field::Empty,
+        error.type = tracing::field::Empty,
         messaging.system = "nats",
         messaging.destination.name = subject,
         messaging.operation.type = "send",
@@ -131,8 +133,20 @@ pub(crate) fn outgoing_headers(span: &tracing::Span) -> Vec<(String, String)> {
     inject(&cx)
 }
 
-/// Marks the send span as failed, with why.
-pub(crate) fn record_failure(span: &tracing::Span, message: &str) {
+/// Marks the send span as failed, with why and `error.type` (the class of failure as the relay
+/// first saw it: `invalid`, `too_large`, `rejected`, `timeout` or `broker`).
+pub(crate) fn record_failure(span: &tracing::Span, kind: FailureKind, message: &str) {
+    if span.is_disabled() {
+        return;
+    }
+    let error_type = match kind {
+        FailureKind::Invalid => "invalid",
+        FailureKind::TooLarge => "too_large",
+        FailureKind::Rejected => "rejected",
+        FailureKind::Timeout => "timeout",
+        FailureKind::Broker => "broker",
+    };
+    span.record("error.type", error_type);
     span.record("otel.status_code", "error");
     span.record("otel.status_description", message);
 }
@@ -278,6 +292,6 @@ mod tests {
         let span = send_span(&event, "outbox.created");
         assert!(span.is_disabled(), "no subscriber");
         assert!(outgoing_headers(&span).is_empty());
-        record_failure(&span, "nothing to record on");
+        record_failure(&span, FailureKind::Invalid, "nothing to record on");
     }
 }

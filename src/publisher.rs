@@ -333,7 +333,7 @@ impl Publisher {
             .await;
         match outcome {
             Outcome::Failed(mut f) => {
-                trace_failure(&span, &f.message);
+                trace_failure(&span, f.kind, &f.message);
                 f.span = span;
                 Outcome::Failed(f)
             }
@@ -458,7 +458,7 @@ fn outgoing_trace_headers(_: &tracing::Span) -> Vec<(String, String)> {
 }
 
 #[cfg(not(feature = "otel"))]
-fn trace_failure(_: &tracing::Span, _: &str) {}
+fn trace_failure(_: &tracing::Span, _: FailureKind, _: &str) {}
 
 fn is_not_found(e: &jetstream::context::GetStreamError) -> bool {
     matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(ref js)

@@ -497,6 +497,7 @@ async fn the_relay_binary_exports_producer_spans_in_the_writers_trace() {
     let status = failed.status.as_ref().expect("status");
     assert_eq!(status.code, StatusCode::Error as i32);
     assert!(status.message.contains("created_at"), "{status:?}");
+    assert_eq!(text(attribute(&failed, "error.type")), "invalid");
     assert!(
         attribute(&failed, "outbox.wait_ms").is_none(),
         "no wait for a created_at that is no time"
