@@ -573,3 +573,57 @@ fn an_unsupported_otlp_protocol_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("OTEL_EXPORTER_OTLP_PROTOCOL"), "{stderr}");
 }
+
+#[tokio::test]
+async fn an_embedded_relay_traces_through_the_applications_subscriber() {
+    let env = Env::new().await;
+    let client = env.client().await;
+    // The writer's own context under a header name in another case: replaced under that name.
+    let id = enqueue(
+        &client,
+        &event("embedded").with_header("Traceparent", EXPLICIT),
+    )
+    .await
+    .expect("enqueue");
+
+    let (exporter, provider, dispatch) = writer_tracing();
+    let relay = outbox_relay::Relay::new(env.config()).await.expect("relay");
+    let token = tokio_util::sync::CancellationToken::new();
+    let handle = tokio::spawn(relay.run(token.clone()).with_subscriber(dispatch));
+    env.wait_stream_len(1, Duration::from_secs(10)).await;
+    token.cancel();
+    tokio::time::timeout(Duration::from_secs(10), handle)
+        .await
+        .expect("relay stops")
+        .expect("relay task")
+        .expect("relay exits cleanly");
+    provider.force_flush().expect("flush");
+
+    let spans = exporter.get_finished_spans().expect("spans");
+    let send = spans
+        .iter()
+        .find(|s| {
+            s.attributes.iter().any(|kv| {
+                kv.key.as_str() == "messaging.message.id" && kv.value.as_str() == id.to_string()
+            })
+        })
+        .unwrap_or_else(|| panic!("no send span in {spans:#?}"));
+    assert_eq!(send.span_kind, opentelemetry::trace::SpanKind::Producer);
+    assert_eq!(send.name, "send outbox.order.created");
+    assert_eq!(
+        send.span_context.trace_id().to_string(),
+        "4bf92f3577b34da6a3ce929d0e0e4736"
+    );
+    assert_eq!(send.parent_span_id.to_string(), "00f067aa0ba902b7");
+
+    let stored = env.stored().await;
+    let m = by_aggregate(&stored, "embedded");
+    assert_eq!(
+        m.headers["Traceparent"],
+        format!(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-{}-01",
+            send.span_context.span_id()
+        )
+    );
+    assert!(!m.headers.contains_key("traceparent"), "{:?}", m.headers);
+}
