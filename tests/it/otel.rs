@@ -587,6 +587,10 @@ async fn an_embedded_relay_traces_through_the_applications_subscriber() {
     .expect("enqueue");
 
     let (exporter, provider, dispatch) = writer_tracing();
+    // tracing caches each callsite's interest. While at most one dispatcher is alive, it asks only
+    // the dispatcher of the thread that hits a callsite first: an untraced relay of another test
+    // would then disable the send span for good. A second live dispatcher makes it ask all.
+    let _second = Dispatch::new(tracing_subscriber::registry());
     let relay = outbox_relay::Relay::new(env.config()).await.expect("relay");
     let token = tokio_util::sync::CancellationToken::new();
     let handle = tokio::spawn(relay.run(token.clone()).with_subscriber(dispatch));
