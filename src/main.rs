@@ -2,6 +2,7 @@
 //! failure, 2 usage error (the message names the flag).
 
 mod cli;
+mod telemetry;
 
 use std::process::ExitCode;
 
@@ -14,7 +15,20 @@ use cli::{Cli, Command, DeadLettersCommand, LogFormat, RunArgs};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    let telemetry = match init_logging(cli.log_format, matches!(cli.command, Command::Run(_))) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let code = run_cli(cli);
+    // After the runtime is gone (SIGTERM/SIGINT included): the exporter flushes on its own thread.
+    telemetry.shutdown();
+    code
+}
+
+fn run_cli(cli: Cli) -> ExitCode {
     let mut builder = match cli.worker_threads {
         1 => tokio::runtime::Builder::new_current_thread(),
         0 => tokio::runtime::Builder::new_multi_thread(),
@@ -59,16 +73,10 @@ fn usage_message(e: &Error) -> String {
     }
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tokio_postgres=warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-    }
+/// Logs to stderr; for `run` (`traces`) with the `otel` feature, also spans over OTLP when
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` is set (see `telemetry`).
+fn init_logging(format: LogFormat, traces: bool) -> Result<telemetry::Telemetry, String> {
+    telemetry::init(format, traces)
 }
 
 /// `--database-url` as given (required).

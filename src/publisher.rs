@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream::{self, context::PublishErrorKind, stream};
 use futures::future::join_all;
+use tracing::Instrument;
 
 use crate::config::{HeaderFormat, RelayConfig, Settings};
 use crate::error::{Error, Result};
@@ -60,6 +61,9 @@ pub struct Failure {
     pub message: String,
     /// JetStream did not answer on the subject: settled by a probe after the batch.
     no_responders: bool,
+    /// The event's send span (disabled unless traced): what is logged about this failure is logged
+    /// inside it, so that the log lines and span events belong to the send.
+    pub span: tracing::Span,
 }
 
 impl Failure {
@@ -68,6 +72,7 @@ impl Failure {
             kind,
             message: message.into(),
             no_responders: false,
+            span: tracing::Span::none(),
         }
     }
 }
@@ -352,13 +357,42 @@ impl Publisher {
         outcomes
     }
 
+    /// One publish inside the event's send span (see `otel`; a disabled span without the feature
+    /// or a subscriber that wants it).
     async fn publish_one(&self, event: &OutboxEvent) -> Outcome {
-        let checked = event.validate().and_then(|()| self.subject(event));
-        let subject = match checked {
+        let subject = self.subject(event);
+        // A row whose values make no subject still gets its (failed) span, under the template.
+        let shown = match &subject {
+            Ok(subject) => subject.as_str(),
+            Err(_) => "(invalid subject)",
+        };
+        let span = send_span(event, shown);
+        let outcome = self
+            .send(event, subject, &span)
+            .instrument(span.clone())
+            .await;
+        match outcome {
+            Outcome::Failed(mut f) => {
+                trace_failure(&span, f.kind, &f.message);
+                f.span = span;
+                Outcome::Failed(f)
+            }
+            outcome => outcome,
+        }
+    }
+
+    async fn send(
+        &self,
+        event: &OutboxEvent,
+        subject: Result<String>,
+        span: &tracing::Span,
+    ) -> Outcome {
+        let subject = match event.validate().and(subject) {
             Ok(subject) => subject,
             Err(e) => return Outcome::Failed(Failure::new(FailureKind::Invalid, e.to_string())),
         };
-        let headers = headers_as(event, self.header_format, &self.ce_source);
+        let trace = outgoing_trace_headers(span);
+        let headers = headers_with(event, self.header_format, &self.ce_source, &trace);
         // Writers check the block with the Outbox-* headers; the CloudEvents ones are longer.
         let block = header_block_len(&headers);
         if block > crate::event::MAX_HEADER_BLOCK_BYTES {
@@ -470,6 +504,25 @@ impl Publisher {
     }
 }
 
+#[cfg(feature = "otel")]
+use crate::otel::{
+    outgoing_headers as outgoing_trace_headers, record_failure as trace_failure, send_span,
+};
+
+/// Without the `otel` feature: no span, the row's headers go out as they are.
+#[cfg(not(feature = "otel"))]
+fn send_span(_: &OutboxEvent, _: &str) -> tracing::Span {
+    tracing::Span::none()
+}
+
+#[cfg(not(feature = "otel"))]
+fn outgoing_trace_headers(_: &tracing::Span) -> Vec<(String, String)> {
+    Vec::new()
+}
+
+#[cfg(not(feature = "otel"))]
+fn trace_failure(_: &tracing::Span, _: FailureKind, _: &str) {}
+
 fn is_not_found(e: &jetstream::context::GetStreamError) -> bool {
     matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(ref js)
         if js.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
@@ -506,17 +559,39 @@ pub fn headers_as(
     format: HeaderFormat,
     ce_source: &str,
 ) -> async_nats::HeaderMap {
+    headers_with(event, format, ce_source, &[])
+}
+
+/// [`headers_as`] with `trace` (the send span's context) in place of the row's trace headers: a
+/// row's header of the same name whatever its case takes the new value, under its own name.
+fn headers_with(
+    event: &OutboxEvent,
+    format: HeaderFormat,
+    ce_source: &str,
+    trace: &[(String, String)],
+) -> async_nats::HeaderMap {
     let id = event.id.to_string();
     // RFC 3339 for every event that passed validation.
     let created_at = event.created_at.to_string();
     let cloudevents = matches!(format, HeaderFormat::CloudEvents | HeaderFormat::Both);
     let mut h = async_nats::HeaderMap::new();
+    let mut replaced = vec![false; trace.len()];
     for (name, value) in &event.headers {
         // NATS header names are case-sensitive: a row's `CE-Type` next to the relay's `ce-type`
         // would leave consumers two answers. The relay's own attributes win.
         if cloudevents && is_ce_attribute(name) {
             continue;
         }
+        let value = match trace.iter().position(|(t, _)| t.eq_ignore_ascii_case(name)) {
+            Some(i) => {
+                replaced[i] = true;
+                trace[i].1.as_str()
+            }
+            None => value.as_str(),
+        };
+        h.insert(name.as_str(), value);
+    }
+    for ((name, value), _) in trace.iter().zip(&replaced).filter(|(_, r)| !**r) {
         h.insert(name.as_str(), value.as_str());
     }
     h.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());

@@ -59,6 +59,8 @@ pub(crate) enum Settled<'a> {
         kind: FailureKind,
         message: &'a str,
         verdict: Verdict,
+        /// The event's send span: the failure is logged inside it.
+        span: &'a tracing::Span,
     },
 }
 
@@ -118,6 +120,7 @@ pub(crate) fn settle<'a>(
                         kind: f.kind,
                         message: &f.message,
                         verdict,
+                        span: &f.span,
                     });
                 }
                 Outcome::NotAttempted => {}
@@ -230,7 +233,9 @@ fn observe(metrics: &Metrics, settled: Settled<'_>) {
             kind,
             message,
             verdict,
+            span,
         } => {
+            let _inside = span.enter();
             metrics.count_failed(&event.event_type, kind.label());
             if verdict.dead_letter {
                 metrics.dead_lettered.inc();
