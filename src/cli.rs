@@ -148,9 +148,9 @@ pub enum DeadLettersCommand {
         /// Retry every dead letter.
         #[arg(long)]
         all: bool,
-        /// With --all: dead letters retried per transaction.
-        #[arg(long, requires = "all", default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..=100_000))]
-        batch_size: i64,
+        /// With --all: dead letters retried per transaction [default: 1000].
+        #[arg(long, conflicts_with = "ids", value_parser = clap::value_parser!(i64).range(1..=100_000))]
+        batch_size: Option<i64>,
         /// List the dead letters that would be retried (id, aggregate, event type) and their
         /// count; change nothing.
         #[arg(long)]

@@ -401,8 +401,10 @@ async fn dead_letters(
             ..
         } => {
             let mut reporter = progress::Reporter::start("retrying");
+            // Also the default shown in --help.
+            let batch_size = batch_size.unwrap_or(1000);
             let result =
-                ops::retry_all_dead_letters_in(client, schema, *batch_size, |p| reporter.update(p))
+                ops::retry_all_dead_letters_in(client, schema, batch_size, |p| reporter.update(p))
                     .await;
             match result {
                 Ok(n) => {
