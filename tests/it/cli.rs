@@ -131,7 +131,7 @@ async fn natscli_user_password_and_token_variables() {
     let token = format!("tok-{SECRET}");
     let tokens =
         NatsServer::start_with_config(&format!("authorization {{\n  token: \"{token}\"\n}}"));
-    let cases: [(&NatsServer, Vec<(&str, &str)>, async_nats::ConnectOptions); 2] = [
+    let cases = [
         (
             &users,
             vec![("NATS_USER", "relay"), ("NATS_PASSWORD", SECRET)],
