@@ -1,10 +1,12 @@
-//! Command-line interface (clap derive). Every flag also reads an environment variable.
+//! Command-line interface (clap derive). Every flag also reads an environment variable; some
+//! also read natscli's name for it ([`ENV_ALIASES`]).
 
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use outbox_relay::{HeaderFormat, NotifyMode, Ordering, RelayConfig};
 use uuid::Uuid;
 
@@ -93,6 +95,9 @@ pub enum Command {
     DeadLetters(DeadLettersCommand),
     /// Delete processed (and discarded) rows older than a cutoff, in small batches; and/or old rows
     /// of processed_events, the consumers' idempotency records.
+    ///
+    /// Prints one summary line on stdout per table (rows, time, rate); on a terminal, progress on
+    /// stderr while it runs.
     #[command(group(
         clap::ArgGroup::new("cutoff")
             .args(["older_than", "processed_events_older_than"])
@@ -110,6 +115,25 @@ pub enum Command {
         /// Rows deleted per statement.
         #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..=100_000))]
         batch_size: i64,
+        /// Count the rows that would be deleted; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Print a shell completion script to stdout (for example
+    /// `outbox-relay completions bash > /etc/bash_completion.d/outbox-relay`).
+    Completions {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff) of outbox-relay or of one of its subcommands to stdout
+    /// (`outbox-relay man run | man -l -`), or write all pages into a directory.
+    Man {
+        /// The subcommand whose page to print, for example `run` or `dead-letters retry`.
+        #[arg(conflicts_with = "out_dir")]
+        subcommand: Vec<String>,
+        /// Write outbox-relay.1 and a page per subcommand (outbox-relay-run.1, ...) into DIR.
+        #[arg(long, value_name = "DIR")]
+        out_dir: Option<PathBuf>,
     },
 }
 
@@ -125,12 +149,23 @@ pub enum DeadLettersCommand {
         event_type: Option<String>,
     },
     /// Give dead letters a fresh set of attempts.
+    ///
+    /// Named ids are retried in one transaction (all or none); `--all` goes in batches of
+    /// `--batch-size`, each committed on its own, with progress on a terminal. Prints one summary
+    /// line on stdout.
     Retry {
         #[arg(required_unless_present = "all", conflicts_with = "all")]
         ids: Vec<Uuid>,
         /// Retry every dead letter.
         #[arg(long)]
         all: bool,
+        /// With --all: dead letters retried per transaction [default: 1000].
+        #[arg(long, conflicts_with = "ids", value_parser = clap::value_parser!(i64).range(1..=100_000))]
+        batch_size: Option<i64>,
+        /// List the dead letters that would be retried (id, aggregate, event type) and their
+        /// count; change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Give up on dead letters (kept and marked discarded; releases their aggregates).
     Discard {
@@ -236,10 +271,28 @@ pub struct RunArgs {
     /// NKey seed file.
     #[arg(long, env = "NATS_NKEY")]
     pub nats_nkey: Option<PathBuf>,
+    /// NATS user name (natscli's NATS_USER). Without --nats-password it is sent as a token, as
+    /// natscli does. Not together with credentials in --nats-url (refused: give them in one place).
+    #[arg(long, env = "NATS_USER", hide_env_values = true)]
+    pub nats_user: Option<String>,
+    /// Password of --nats-user (natscli's NATS_PASSWORD).
+    #[arg(
+        long,
+        env = "NATS_PASSWORD",
+        hide_env_values = true,
+        requires = "nats_user"
+    )]
+    pub nats_password: Option<String>,
+    /// Extra root CA (PEM) for TLS to NATS. Also read from natscli's NATS_CA; NATS_TLS_CA wins
+    /// when both are set.
     #[arg(long, env = "NATS_TLS_CA")]
     pub nats_tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for TLS to NATS. Also read from natscli's NATS_CERT;
+    /// NATS_TLS_CERT wins when both are set.
     #[arg(long, env = "NATS_TLS_CERT")]
     pub nats_tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --nats-tls-cert. Also read from natscli's NATS_KEY; NATS_TLS_KEY wins
+    /// when both are set.
     #[arg(long, env = "NATS_TLS_KEY")]
     pub nats_tls_key: Option<PathBuf>,
     /// JetStream stream (checked at start).
@@ -354,4 +407,157 @@ fn parse_metrics_addr(s: &str) -> Result<MetricsAddr, String> {
     s.parse::<SocketAddr>()
         .map(|a| MetricsAddr(Some(a)))
         .map_err(|e| format!("{e} (expected HOST:PORT or `off`)"))
+}
+
+/// natscli's environment names that `run` reads too: (argument, our variable, natscli's variable).
+/// Ours wins when both are set; a flag wins over both.
+pub const ENV_ALIASES: &[(&str, &str, &str)] = &[
+    ("nats_tls_ca", "NATS_TLS_CA", "NATS_CA"),
+    ("nats_tls_cert", "NATS_TLS_CERT", "NATS_CERT"),
+    ("nats_tls_key", "NATS_TLS_KEY", "NATS_KEY"),
+];
+
+/// The variable an aliased argument reads: `primary` when it is set to a value, else `alias` when
+/// that is, else `primary`. (An empty variable counts as unset, as clap reads it.)
+fn env_name<'a>(
+    primary: &'a str,
+    alias: &'a str,
+    lookup: &impl Fn(&str) -> Option<OsString>,
+) -> &'a str {
+    let set = |name: &str| lookup(name).is_some_and(|v| !v.is_empty());
+    if !set(primary) && set(alias) {
+        alias
+    } else {
+        primary
+    }
+}
+
+/// The clap command with each aliased argument reading the variable [`env_name`] picks. clap's
+/// `env` takes one name, so the choice is made before parsing; the process environment is left
+/// as it is.
+fn command_with_env(lookup: impl Fn(&str) -> Option<OsString>) -> clap::Command {
+    Cli::command().mut_subcommand("run", |run| {
+        ENV_ALIASES.iter().fold(run, |run, &(id, primary, alias)| {
+            let name = env_name(primary, alias, &lookup);
+            run.mut_arg(id, |arg| arg.env(name))
+        })
+    })
+}
+
+/// Parses the process's arguments and environment (natscli's names included); exits with a usage
+/// error (2) as clap does.
+pub fn parse() -> Cli {
+    let matches = command_with_env(|name| std::env::var_os(name)).get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
+/// The command as defined, independent of the environment: what completions and man pages are
+/// generated from.
+pub fn command() -> clap::Command {
+    Cli::command()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
+        let vars: HashMap<String, OsString> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), OsString::from(v)))
+            .collect();
+        move |name| vars.get(name).cloned()
+    }
+
+    fn env_of(cmd: &clap::Command, id: &str) -> String {
+        let run = cmd.find_subcommand("run").expect("run");
+        let arg = run
+            .get_arguments()
+            .find(|a| a.get_id() == id)
+            .expect("argument");
+        arg.get_env()
+            .expect("reads a variable")
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    #[test]
+    fn our_variable_wins_over_natscli_s() {
+        assert_eq!(
+            env_name("NATS_TLS_CA", "NATS_CA", &lookup(&[("NATS_CA", "a")])),
+            "NATS_CA"
+        );
+        assert_eq!(
+            env_name(
+                "NATS_TLS_CA",
+                "NATS_CA",
+                &lookup(&[("NATS_CA", "a"), ("NATS_TLS_CA", "b")])
+            ),
+            "NATS_TLS_CA"
+        );
+        // Empty counts as unset, on either side.
+        assert_eq!(
+            env_name(
+                "NATS_TLS_CA",
+                "NATS_CA",
+                &lookup(&[("NATS_CA", "a"), ("NATS_TLS_CA", "")])
+            ),
+            "NATS_CA"
+        );
+        assert_eq!(
+            env_name("NATS_TLS_CA", "NATS_CA", &lookup(&[("NATS_CA", "")])),
+            "NATS_TLS_CA"
+        );
+        assert_eq!(
+            env_name("NATS_TLS_CA", "NATS_CA", &lookup(&[])),
+            "NATS_TLS_CA"
+        );
+    }
+
+    #[test]
+    fn aliases_are_wired_to_the_run_arguments() {
+        let cmd = command_with_env(lookup(&[
+            ("NATS_CA", "ca.pem"),
+            ("NATS_CERT", "c.pem"),
+            ("NATS_KEY", "k.pem"),
+            ("NATS_TLS_KEY", "mine.pem"),
+        ]));
+        assert_eq!(env_of(&cmd, "nats_tls_ca"), "NATS_CA");
+        assert_eq!(env_of(&cmd, "nats_tls_cert"), "NATS_CERT");
+        assert_eq!(env_of(&cmd, "nats_tls_key"), "NATS_TLS_KEY");
+        // Without natscli's variables the definition is unchanged.
+        let plain = command_with_env(lookup(&[]));
+        for (id, primary, _) in ENV_ALIASES {
+            assert_eq!(env_of(&plain, id), *primary);
+            assert_eq!(env_of(&command(), id), *primary);
+        }
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        command().debug_assert();
+    }
+
+    #[test]
+    fn a_flag_wins_over_the_alias() {
+        // Only natscli's name in the (fake) environment decides which variable clap reads; a flag
+        // on the command line is taken before any variable.
+        let cmd = command_with_env(lookup(&[("NATS_CA", "from-env.pem")]));
+        let m = cmd
+            .try_get_matches_from([
+                "outbox-relay",
+                "run",
+                "--nats-tls-ca",
+                "flag.pem",
+                "--database-url",
+                "postgres://h/d",
+            ])
+            .expect("parses");
+        let cli = Cli::from_arg_matches(&m).expect("cli");
+        let Command::Run(run) = cli.command else {
+            panic!("run")
+        };
+        assert_eq!(run.nats_tls_ca, Some(PathBuf::from("flag.pem")));
+    }
 }

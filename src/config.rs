@@ -66,6 +66,12 @@ pub struct RelayConfig {
     pub nats_creds: Option<PathBuf>,
     /// An NKey seed file (instead of `nats_creds`).
     pub nats_nkey: Option<PathBuf>,
+    /// NATS user name; alone (without `nats_password`) it is sent as a token, as natscli does with
+    /// `NATS_USER`. Kept out of `nats_url` so that a secret never needs to be part of a URL; giving
+    /// credentials both here and in `nats_url` is refused rather than silently choosing one.
+    pub nats_user: Option<String>,
+    /// NATS password of `nats_user`. Never printed (`Debug` and [`RelayConfig::redacted`] show `***`).
+    pub nats_password: Option<String>,
     /// TLS towards NATS: extra root CA, and a client certificate and key.
     pub nats_tls_ca: Option<PathBuf>,
     /// Client certificate (PEM) for mutual TLS; needs `nats_tls_key`.
@@ -134,6 +140,8 @@ impl Default for RelayConfig {
             nats_url: "nats://127.0.0.1:4222".into(),
             nats_creds: None,
             nats_nkey: None,
+            nats_user: None,
+            nats_password: None,
             nats_tls_ca: None,
             nats_tls_cert: None,
             nats_tls_key: None,
@@ -211,6 +219,7 @@ impl RelayConfig {
                 format!("{:?} is not a valid JetStream stream name", self.stream),
             ));
         }
+        self.validate_nats_user()?;
         if self.nats_tls_cert.is_some() != self.nats_tls_key.is_some() {
             return Err(Error::config(
                 "nats_tls_cert",
@@ -279,6 +288,40 @@ impl RelayConfig {
         Ok(())
     }
 
+    /// `nats_user`/`nats_password` complete and not competing with credentials in `nats_url`.
+    fn validate_nats_user(&self) -> Result<()> {
+        if self.nats_user.is_none() && self.nats_password.is_none() {
+            return Ok(());
+        }
+        match self.nats_user.as_deref() {
+            None => {
+                return Err(Error::config(
+                    "nats_password",
+                    "needs a user name (nats_user, NATS_USER)",
+                ))
+            }
+            Some("") => return Err(Error::config("nats_user", "must not be empty")),
+            Some(_) => {}
+        }
+        let (_, in_url) = crate::publisher::split_credentials(&self.nats_url)?;
+        if in_url.is_some() {
+            return Err(Error::config(
+                "nats_user",
+                "credentials are also given in nats_url (user:password@ or token@); give them in one place",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `nats_user` for logs: shown next to a password, hidden when it is a token.
+    fn shown_nats_user(&self) -> &str {
+        match (&self.nats_user, &self.nats_password) {
+            (None, _) => "-",
+            (Some(user), Some(_)) => user,
+            (Some(_), None) => crate::db::conninfo::HIDDEN,
+        }
+    }
+
     /// The effective configuration for logs. The database URLs are shown as their parsed
     /// parameters with the password replaced (in libpq key=value form), the NATS URLs with
     /// their password or token replaced.
@@ -287,7 +330,7 @@ impl RelayConfig {
             "database_url={:?} listen_database_url={} schema={} nats_url={} stream={} create_stream={} subject_prefix={} subject_template={} header_format={:?} ce_source={} \
              fallback_interval={} batch_size={} max_batch_bytes={} prepared_statements={} max_attempts={} publish_timeout={} retry_initial={} \
              retry_max={} ordering={:?} notify_mode={:?} retention={} processed_events_retention={} metrics_event_types_max={} \
-             metrics_addr={} nats_creds={} nats_nkey={}",
+             metrics_addr={} nats_creds={} nats_nkey={} nats_user={} nats_password={}",
             crate::db::redacted_url(&self.database_url),
             self.listen_database_url
                 .as_deref()
@@ -317,6 +360,8 @@ impl RelayConfig {
             self.metrics_addr.map(|a| a.to_string()).unwrap_or_else(|| "off".into()),
             self.nats_creds.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "-".into()),
             self.nats_nkey.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "-".into()),
+            self.shown_nats_user(),
+            if self.nats_password.is_some() { crate::db::conninfo::HIDDEN } else { "-" },
         )
     }
 
@@ -378,6 +423,8 @@ impl fmt::Debug for RelayConfig {
             nats_url,
             nats_creds,
             nats_nkey,
+            nats_user: _,
+            nats_password,
             nats_tls_ca,
             nats_tls_cert,
             nats_tls_key,
@@ -413,6 +460,11 @@ impl fmt::Debug for RelayConfig {
             .field("nats_url", &redacted_nats_url(nats_url))
             .field("nats_creds", nats_creds)
             .field("nats_nkey", nats_nkey)
+            .field("nats_user", &self.shown_nats_user())
+            .field(
+                "nats_password",
+                &nats_password.as_ref().map(|_| crate::db::conninfo::HIDDEN),
+            )
             .field("nats_tls_ca", nats_tls_ca)
             .field("nats_tls_cert", nats_tls_cert)
             .field("nats_tls_key", nats_tls_key)
@@ -574,6 +626,47 @@ mod tests {
             assert!(shown.contains("password=***"), "{shown}");
             assert!(shown.contains("nats://relay:***@n1:4222"), "{shown}");
             assert!(shown.contains("batch_size: 1000"), "{shown}");
+        }
+    }
+
+    #[test]
+    fn nats_user_and_password_are_complete_and_in_one_place() {
+        let mut c = RelayConfig::new("postgres://localhost/db");
+        c.nats_user = Some("relay".into());
+        c.nats_password = Some(SECRET.into());
+        c.validate().expect("user and password");
+        c.nats_password = None;
+        c.validate().expect("a user alone is a token");
+        c.nats_user = None;
+        c.nats_password = Some(SECRET.into());
+        assert_eq!(field_of(c.validate()), Some("nats_password"));
+        c.nats_user = Some(String::new());
+        assert_eq!(field_of(c.validate()), Some("nats_user"));
+        // Credentials in the URL as well: refused, whichever form.
+        for url in ["nats://u:p@a:4222", "nats://a:4222,tok3n@b:4222"] {
+            c.nats_user = Some("relay".into());
+            c.nats_url = url.into();
+            let err = c.validate().expect_err(url);
+            assert_eq!(err.config_field().map(|(f, _)| f), Some("nats_user"));
+            assert!(!err.to_string().contains(SECRET), "{err}");
+        }
+    }
+
+    #[test]
+    fn nats_password_and_token_are_never_shown() {
+        let mut c = RelayConfig::new("postgres://localhost/db");
+        c.nats_user = Some("relay".into());
+        c.nats_password = Some(SECRET.into());
+        for shown in [c.redacted(), format!("{c:?}")] {
+            assert!(!shown.contains(SECRET), "{shown}");
+            assert!(shown.contains("relay"), "{shown}");
+        }
+        assert!(c.redacted().contains("nats_user=relay nats_password=***"));
+        // A user without password is a token: hidden too.
+        c.nats_user = Some(SECRET.into());
+        c.nats_password = None;
+        for shown in [c.redacted(), format!("{c:?}")] {
+            assert!(!shown.contains(SECRET), "{shown}");
         }
     }
 

@@ -2,11 +2,11 @@
 //! failure, 2 usage error (the message names the flag).
 
 mod cli;
+mod progress;
 mod telemetry;
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use outbox_relay::config::validate_schema;
 use outbox_relay::{migrate, ops, Error, Relay, RelayConfig};
 use tokio_util::sync::CancellationToken;
@@ -14,7 +14,10 @@ use tokio_util::sync::CancellationToken;
 use cli::{Cli, Command, DeadLettersCommand, LogFormat, RunArgs};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = cli::parse();
+    if let Some(code) = generate(&cli.command) {
+        return code;
+    }
     let telemetry = match init_logging(cli.log_format, matches!(cli.command, Command::Run(_))) {
         Ok(t) => t,
         Err(e) => {
@@ -60,6 +63,78 @@ fn run_cli(cli: Cli) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// `completions` and `man`: text generated from the CLI's definition, no runtime, no logging.
+/// `None` for every other command.
+fn generate(command: &Command) -> Option<ExitCode> {
+    use std::io::Write;
+    // Rendered into memory first: clap_complete panics on a failed write (`| head`).
+    let mut text = Vec::new();
+    let rendered = match command {
+        Command::Completions { shell } => {
+            clap_complete::generate(*shell, &mut cli::command(), "outbox-relay", &mut text);
+            Ok(())
+        }
+        Command::Man {
+            out_dir: Some(dir), ..
+        } => std::fs::create_dir_all(dir).and_then(|()| write_man_pages(&man_command(), dir)),
+        Command::Man { subcommand, .. } => {
+            let root = man_command();
+            let mut page = &root;
+            for name in subcommand {
+                match page.find_subcommand(name) {
+                    Some(sub) => page = sub,
+                    None => {
+                        eprintln!(
+                            "error: man: `{}` is no subcommand of `{}`",
+                            name,
+                            page.get_display_name().unwrap_or(page.get_name())
+                        );
+                        return Some(ExitCode::from(2));
+                    }
+                }
+            }
+            man_page(page).render(&mut text)
+        }
+        _ => return None,
+    };
+    let written = rendered.and_then(|()| {
+        let mut out = std::io::stdout().lock();
+        out.write_all(&text)?;
+        out.flush()
+    });
+    Some(match written {
+        Ok(()) => ExitCode::SUCCESS,
+        // The reader stopped early (`outbox-relay man | head`): not a failure of ours.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    })
+}
+
+/// The page of `cmd` (a command of [`man_command`]), every page naming the program and version.
+fn man_page(cmd: &clap::Command) -> clap_mangen::Man {
+    clap_mangen::Man::new(cmd.clone()).source(format!("outbox-relay {}", env!("CARGO_PKG_VERSION")))
+}
+
+/// `cmd`'s page and those of its visible subcommands, as `<display name>.1` files in `dir`.
+fn write_man_pages(cmd: &clap::Command, dir: &std::path::Path) -> std::io::Result<()> {
+    man_page(cmd).generate_to(dir)?;
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        write_man_pages(sub, dir)?;
+    }
+    Ok(())
+}
+
+/// The command the man pages describe: built (so that subcommands are named
+/// `outbox-relay-run`, ...), without clap's `help` subcommand.
+fn man_command() -> clap::Command {
+    let mut cmd = cli::command().disable_help_subcommand(true);
+    cmd.build();
+    cmd
 }
 
 /// Config errors name the library field; users know the flag.
@@ -231,25 +306,73 @@ async fn execute(cli: Cli) -> Result<(), Error> {
             older_than,
             processed_events_older_than,
             batch_size,
+            dry_run,
         } => {
             let (mut client, schema) = connect(&cli).await?;
             if let Some(older_than) = older_than {
-                let n = ops::cleanup_in(&mut client, schema, *older_than, *batch_size).await?;
-                println!("deleted {n} rows");
+                if *dry_run {
+                    let n = ops::cleanup_count_in(&mut client, schema, *older_than).await?;
+                    println!("would delete {n} rows (dry run)");
+                } else {
+                    let mut reporter = progress::Reporter::start("deleting");
+                    let result = ops::cleanup_in_with_progress(
+                        &mut client,
+                        schema,
+                        *older_than,
+                        *batch_size,
+                        |p| reporter.update(p),
+                    )
+                    .await;
+                    summarize(reporter, result, "rows")?;
+                }
             }
             if let Some(older_than) = processed_events_older_than {
-                let n =
-                    ops::cleanup_processed_events_in(&mut client, schema, *older_than, *batch_size)
-                        .await?;
-                println!("deleted {n} processed_events rows");
+                if *dry_run {
+                    let n =
+                        ops::cleanup_processed_events_count_in(&mut client, schema, *older_than)
+                            .await?;
+                    println!("would delete {n} processed_events rows (dry run)");
+                } else {
+                    let mut reporter = progress::Reporter::start("deleting processed_events");
+                    let result = ops::cleanup_processed_events_in_with_progress(
+                        &mut client,
+                        schema,
+                        *older_than,
+                        *batch_size,
+                        |p| reporter.update(p),
+                    )
+                    .await;
+                    summarize(reporter, result, "processed_events rows")?;
+                }
             }
             Ok(())
         }
+        Command::Completions { .. } | Command::Man { .. } => Ok(()),
     }
 }
 
 /// The connection of an operator command and its `--schema`. Each command checks the schema
 /// version in its own transaction (`ops::*_in`).
+/// The one summary line of a batched deletion (`deleted N <what> in ...`), or on an error how
+/// many rows were deleted before it.
+fn summarize(
+    reporter: progress::Reporter,
+    result: Result<u64, Error>,
+    what: &str,
+) -> Result<(), Error> {
+    match result {
+        Ok(n) => {
+            println!("{}", reporter.finish(&format!("deleted {n} {what}")));
+            Ok(())
+        }
+        Err(e) => {
+            let done = reporter.abandon();
+            eprintln!("cleanup: {done} {what} were deleted before the error");
+            Err(e)
+        }
+    }
+}
+
 async fn connect(cli: &Cli) -> Result<(tokio_postgres::Client, Option<&str>), Error> {
     let url = raw_database_url(cli)?;
     let schema = schema(cli)?;
@@ -294,10 +417,54 @@ async fn dead_letters(
             }
             Ok(())
         }
-        DeadLettersCommand::Retry { ids, all } => {
+        DeadLettersCommand::Retry {
+            ids,
+            all,
+            dry_run: true,
+            ..
+        } => {
             let which = if *all { None } else { Some(ids.as_slice()) };
-            let done = ops::retry_dead_letters_in(client, schema, which).await?;
-            println!("{} dead letters queued for retry", done.len());
+            let candidates = ops::retry_preview_in(client, schema, which).await?;
+            for c in &candidates {
+                println!(
+                    "{}  {}/{}  {}",
+                    c.id, c.aggregate_type, c.aggregate_id, c.event_type
+                );
+            }
+            println!("would retry {} dead letters (dry run)", candidates.len());
+            Ok(())
+        }
+        DeadLettersCommand::Retry {
+            all: true,
+            batch_size,
+            ..
+        } => {
+            let mut reporter = progress::Reporter::start("retrying");
+            // Also the default shown in --help.
+            let batch_size = batch_size.unwrap_or(1000);
+            let result =
+                ops::retry_all_dead_letters_in(client, schema, batch_size, |p| reporter.update(p))
+                    .await;
+            match result {
+                Ok(n) => {
+                    let done = format!("{n} dead letters queued for retry");
+                    println!("{}", reporter.finish(&done));
+                    Ok(())
+                }
+                Err(e) => {
+                    let done = reporter.abandon();
+                    eprintln!(
+                        "dead-letters retry: {done} dead letters were queued before the error"
+                    );
+                    Err(e)
+                }
+            }
+        }
+        DeadLettersCommand::Retry { ids, .. } => {
+            let reporter = progress::Reporter::start("retrying");
+            let done = ops::retry_dead_letters_in(client, schema, Some(ids)).await?;
+            let done = format!("{} dead letters queued for retry", done.len());
+            println!("{}", reporter.finish(&done));
             Ok(())
         }
         DeadLettersCommand::Discard { ids } => {
@@ -316,6 +483,8 @@ async fn run(database_url: String, schema: Option<String>, args: &RunArgs) -> Re
         nats_url: args.nats_url.clone(),
         nats_creds: args.nats_creds.clone(),
         nats_nkey: args.nats_nkey.clone(),
+        nats_user: non_empty(&args.nats_user),
+        nats_password: non_empty(&args.nats_password),
         nats_tls_ca: args.nats_tls_ca.clone(),
         nats_tls_cert: args.nats_tls_cert.clone(),
         nats_tls_key: args.nats_tls_key.clone(),
@@ -352,6 +521,11 @@ async fn run(database_url: String, schema: Option<String>, args: &RunArgs) -> Re
         on_signal.cancel();
     });
     relay.run(shutdown).await
+}
+
+/// An empty flag or variable (`NATS_USER=`) counts as not given.
+fn non_empty(value: &Option<String>) -> Option<String> {
+    value.clone().filter(|v| !v.is_empty())
 }
 
 async fn wait_for_signal() {

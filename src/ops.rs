@@ -30,6 +30,12 @@ const DEAD_LETTERS_DISCARD: &str = include_str!("../sql/queries/dead_letters_dis
 const WAKE: &str = include_str!("../sql/queries/wake.sql");
 const CLEANUP: &str = include_str!("../sql/queries/cleanup.sql");
 const CLEANUP_PROCESSED_EVENTS: &str = include_str!("../sql/queries/cleanup_processed_events.sql");
+const CLEANUP_COUNT: &str = include_str!("../sql/queries/cleanup_count.sql");
+const CLEANUP_PROCESSED_EVENTS_COUNT: &str =
+    include_str!("../sql/queries/cleanup_processed_events_count.sql");
+const DEAD_LETTERS_RETRY_BATCH: &str = include_str!("../sql/queries/dead_letters_retry_batch.sql");
+const DEAD_LETTERS_RETRY_PREVIEW: &str =
+    include_str!("../sql/queries/dead_letters_retry_preview.sql");
 const BLOCKED_AGGREGATES: &str = include_str!("../sql/queries/blocked_aggregates.sql");
 
 /// What `outbox-relay status` reports.
@@ -270,19 +276,9 @@ async fn change_dead_letters(
         .iter()
         .map(|r| r.get(0))
         .collect();
-    if let Some(wanted) = ids {
-        let missing: Vec<String> = wanted
-            .iter()
-            .filter(|id| !changed.contains(id))
-            .map(Uuid::to_string)
-            .collect();
-        if !missing.is_empty() {
-            tx.rollback().await?;
-            return Err(Error::not_found(format!(
-                "not a dead letter (unknown id, or already published or discarded): {}",
-                missing.join(", ")
-            )));
-        }
+    if let Some(err) = ids.and_then(|wanted| missing_dead_letters(wanted, &changed)) {
+        tx.rollback().await?;
+        return Err(err);
     }
     if !changed.is_empty() {
         // Wake the relays: these rows are claimable now (or released their aggregate).
@@ -290,6 +286,141 @@ async fn change_dead_letters(
     }
     tx.commit().await?;
     Ok(changed)
+}
+
+/// The not-found error naming the ids of `wanted` that are not in `found`, if any.
+fn missing_dead_letters(wanted: &[Uuid], found: &[Uuid]) -> Option<Error> {
+    let missing: Vec<String> = wanted
+        .iter()
+        .filter(|id| !found.contains(id))
+        .map(Uuid::to_string)
+        .collect();
+    (!missing.is_empty()).then(|| {
+        Error::not_found(format!(
+            "not a dead letter (unknown id, or already published or discarded): {}",
+            missing.join(", ")
+        ))
+    })
+}
+
+/// A dead letter that `dead-letters retry` would give a fresh set of attempts
+/// ([`retry_preview_in`]).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct RetryCandidate {
+    /// The event's id.
+    pub id: Uuid,
+    /// Its aggregate's type.
+    pub aggregate_type: String,
+    /// Its aggregate's id.
+    pub aggregate_id: String,
+    /// Its event type.
+    pub event_type: String,
+}
+
+/// What [`retry_dead_letters_in`] would retry, in `seq` order, changing nothing (`--dry-run`).
+/// Fails like the retry itself when an id is not a dead letter.
+pub async fn retry_preview_in(
+    client: &mut Client,
+    schema: Option<&str>,
+    ids: Option<&[Uuid]>,
+) -> Result<Vec<RetryCandidate>> {
+    let tx = checked_transaction_in(client, schema).await?;
+    let ids_param: Option<Vec<Uuid>> = ids.map(<[Uuid]>::to_vec);
+    let rows = tx
+        .query_typed(
+            DEAD_LETTERS_RETRY_PREVIEW,
+            &[(&ids_param, Type::UUID_ARRAY)],
+        )
+        .await?;
+    tx.commit().await?;
+    let candidates = rows
+        .iter()
+        .map(|r| {
+            Ok(RetryCandidate {
+                id: r.try_get("id")?,
+                aggregate_type: r.try_get("aggregate_type")?,
+                aggregate_id: r.try_get("aggregate_id")?,
+                event_type: r.try_get("event_type")?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if let Some(wanted) = ids {
+        let found: Vec<Uuid> = candidates.iter().map(|c| c.id).collect();
+        if let Some(err) = missing_dead_letters(wanted, &found) {
+            return Err(err);
+        }
+    }
+    Ok(candidates)
+}
+
+/// How far a batched operator command ([`cleanup_in_with_progress`],
+/// [`retry_all_dead_letters_in`]) has come: reported after each committed batch, so that a
+/// caller can show progress (the CLI draws it on a terminal). Everything counted is committed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Progress {
+    /// Rows changed (deleted, retried) so far.
+    pub rows: u64,
+    /// Batches committed so far.
+    pub batches: u64,
+}
+
+impl Progress {
+    fn add_batch(&mut self, rows: u64) {
+        self.rows += rows;
+        self.batches += 1;
+    }
+}
+
+/// Gives every dead letter a fresh set of attempts, `batch_size` of them per transaction (each
+/// wakes the relays when it commits), in `seq` order; `on_batch` hears after each commit.
+/// Returns the number retried.
+///
+/// Unlike [`retry_dead_letters_in`] with ids this is not one transaction: a failure keeps the
+/// batches committed before it (reported to `on_batch`), and running it again retries the rest.
+/// Each dead letter present at the start is retried at most once, even if a relay dead-letters it
+/// again while the command runs; later dead letters may be included.
+pub async fn retry_all_dead_letters_in(
+    client: &mut Client,
+    schema: Option<&str>,
+    batch_size: i64,
+    mut on_batch: impl FnMut(Progress),
+) -> Result<u64> {
+    if batch_size < 1 {
+        return Err(Error::config("batch_size", "must be at least 1"));
+    }
+    let mut progress = Progress::default();
+    let mut after_seq = i64::MIN;
+    loop {
+        let tx = if progress.batches == 0 {
+            checked_transaction_in(client, schema).await?
+        } else {
+            transaction_in(client, schema).await?
+        };
+        let seqs: Vec<i64> = tx
+            .query_typed(
+                DEAD_LETTERS_RETRY_BATCH,
+                &[(&after_seq, Type::INT8), (&batch_size, Type::INT8)],
+            )
+            .await?
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect::<std::result::Result<_, _>>()?;
+        if !seqs.is_empty() {
+            // Wake the relays: these rows are claimable now.
+            tx.batch_execute(WAKE).await?;
+        }
+        tx.commit().await?;
+        let n = seqs.len() as u64;
+        after_seq = seqs.iter().copied().max().unwrap_or(after_seq);
+        if n > 0 {
+            progress.add_batch(n);
+            on_batch(progress);
+        }
+        if n < batch_size as u64 {
+            return Ok(progress.rows);
+        }
+    }
 }
 
 /// Deletes rows processed (or discarded) more than `older_than` ago, `batch_size` rows per
@@ -300,18 +431,6 @@ pub async fn cleanup<C: GenericClient + Sync>(
     batch_size: i64,
 ) -> Result<u64> {
     cleanup_batches(client, CLEANUP, older_than, batch_size).await
-}
-
-/// [`cleanup`] in `schema`: the schema version is checked in the first transaction, and each
-/// batch is a transaction of its own that sets the search_path first (see the module
-/// documentation).
-pub async fn cleanup_in(
-    client: &mut Client,
-    schema: Option<&str>,
-    older_than: Duration,
-    batch_size: i64,
-) -> Result<u64> {
-    cleanup_batches_in(client, schema, CLEANUP, older_than, batch_size).await
 }
 
 /// Deletes the `processed_events` rows (the idempotency records of [`crate::process_once`])
@@ -336,12 +455,25 @@ pub async fn cleanup_processed_events_in(
     older_than: Duration,
     batch_size: i64,
 ) -> Result<u64> {
-    cleanup_batches_in(
+    cleanup_processed_events_in_with_progress(client, schema, older_than, batch_size, |_| {}).await
+}
+
+/// [`cleanup_processed_events_in`], telling `on_batch` after each committed batch.
+pub async fn cleanup_processed_events_in_with_progress(
+    client: &mut Client,
+    schema: Option<&str>,
+    older_than: Duration,
+    batch_size: i64,
+    on_batch: impl FnMut(Progress),
+) -> Result<u64> {
+    let cutoff = cutoff(older_than);
+    delete_in_batches(
         client,
         schema,
         CLEANUP_PROCESSED_EVENTS,
-        older_than,
+        cutoff,
         batch_size,
+        on_batch,
     )
     .await
 }
@@ -368,20 +500,84 @@ async fn cleanup_batches<C: GenericClient + Sync>(
     }
 }
 
-/// [`cleanup_batches`] with each batch in a transaction of its own in `schema`; the first checks
-/// the schema version.
-async fn cleanup_batches_in(
+/// [`cleanup`] in `schema`: the schema version is checked in the first transaction, and each
+/// batch is a transaction of its own that sets the search_path first (see the module
+/// documentation).
+pub async fn cleanup_in(
+    client: &mut Client,
+    schema: Option<&str>,
+    older_than: Duration,
+    batch_size: i64,
+) -> Result<u64> {
+    cleanup_in_with_progress(client, schema, older_than, batch_size, |_| {}).await
+}
+
+/// [`cleanup_in`], telling `on_batch` after each committed batch (for progress output). On an
+/// error the batches reported so far stay deleted.
+pub async fn cleanup_in_with_progress(
+    client: &mut Client,
+    schema: Option<&str>,
+    older_than: Duration,
+    batch_size: i64,
+    on_batch: impl FnMut(Progress),
+) -> Result<u64> {
+    let cutoff = cutoff(older_than);
+    delete_in_batches(client, schema, CLEANUP, cutoff, batch_size, on_batch).await
+}
+
+/// How many rows [`cleanup_in`] with the same `older_than` would delete now, deleting nothing
+/// (`cleanup --dry-run`).
+pub async fn cleanup_count_in(
+    client: &mut Client,
+    schema: Option<&str>,
+    older_than: Duration,
+) -> Result<u64> {
+    count_older_in(client, schema, CLEANUP_COUNT, older_than).await
+}
+
+/// How many rows [`cleanup_processed_events_in`] with the same `older_than` would delete now,
+/// deleting nothing (`cleanup --processed-events-older-than ... --dry-run`).
+pub async fn cleanup_processed_events_count_in(
+    client: &mut Client,
+    schema: Option<&str>,
+    older_than: Duration,
+) -> Result<u64> {
+    count_older_in(client, schema, CLEANUP_PROCESSED_EVENTS_COUNT, older_than).await
+}
+
+/// Runs the count `sql` (`$1` the cutoff) in a checked transaction in `schema`.
+async fn count_older_in(
     client: &mut Client,
     schema: Option<&str>,
     sql: &str,
     older_than: Duration,
+) -> Result<u64> {
+    let cutoff = cutoff(older_than);
+    let tx = checked_transaction_in(client, schema).await?;
+    let n: i64 = tx
+        .query_typed_one(sql, &[(&cutoff, Type::TIMESTAMPTZ)])
+        .await?
+        .try_get(0)?;
+    tx.commit().await?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
+/// Runs `sql`, a bounded statement taking `$1` a cutoff (`timestamptz`) and `$2` a row limit
+/// (`int8`), until it changes fewer than `batch_size` rows: each run a transaction of its own in
+/// `schema` (the version checked in the first), reported to `on_batch` once committed. Returns
+/// the rows changed. Shared by the retention commands, whatever table they delete from.
+async fn delete_in_batches(
+    client: &mut Client,
+    schema: Option<&str>,
+    sql: &str,
+    cutoff: SystemTime,
     batch_size: i64,
+    mut on_batch: impl FnMut(Progress),
 ) -> Result<u64> {
     if batch_size < 1 {
         return Err(Error::config("batch_size", "must be at least 1"));
     }
-    let cutoff = cutoff(older_than);
-    let mut total = 0;
+    let mut progress = Progress::default();
     let mut first = true;
     loop {
         let tx = transaction_in(client, schema).await?;
@@ -389,11 +585,19 @@ async fn cleanup_batches_in(
             check_schema(&tx).await?;
             first = false;
         }
-        let n = cleanup_step(&tx, sql, cutoff, batch_size).await?;
+        let n = tx
+            .execute_typed(
+                sql,
+                &[(&cutoff, Type::TIMESTAMPTZ), (&batch_size, Type::INT8)],
+            )
+            .await?;
         tx.commit().await?;
-        total += n;
+        if n > 0 {
+            progress.add_batch(n);
+            on_batch(progress);
+        }
         if n < batch_size as u64 {
-            return Ok(total);
+            return Ok(progress.rows);
         }
     }
 }

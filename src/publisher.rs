@@ -129,7 +129,15 @@ pub(crate) async fn connect(
         options = options.add_client_certificate(cert.clone(), key.clone());
     }
     // Credentials travel in the options, not the URL: the client logs server URLs at debug level.
-    let (servers, credentials) = split_credentials(&config.nats_url)?;
+    let (servers, in_url) = split_credentials(&config.nats_url)?;
+    // `validate` refused credentials given both ways, so at most one of these is set.
+    let credentials = match (&config.nats_user, &config.nats_password) {
+        (Some(user), Some(password)) => {
+            Some(Credentials::UserPassword(user.clone(), password.clone()))
+        }
+        (Some(token), None) => Some(Credentials::Token(token.clone())),
+        _ => in_url,
+    };
     match credentials {
         Some(Credentials::UserPassword(user, password)) => {
             options = options.user_and_password(user, password);
@@ -158,14 +166,14 @@ pub(crate) async fn connect(
     })
 }
 
-enum Credentials {
+pub(crate) enum Credentials {
     UserPassword(String, String),
     Token(String),
 }
 
 /// Splits `nats://user:pass@host:4222,nats://host2:4222` into plain server URLs and the first
 /// credentials found (`user:password`, or a lone user part, which NATS treats as a token).
-fn split_credentials(urls: &str) -> Result<(Vec<url::Url>, Option<Credentials>)> {
+pub(crate) fn split_credentials(urls: &str) -> Result<(Vec<url::Url>, Option<Credentials>)> {
     let mut servers = Vec::new();
     let mut credentials = None;
     for raw in urls.split(',').map(str::trim).filter(|s| !s.is_empty()) {

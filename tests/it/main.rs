@@ -6,6 +6,7 @@
 //! the optional features run with `cargo test --all-features --test it -- otel:: sqlx_writer::`.
 
 mod arbitrary_rows;
+mod cli;
 mod cluster;
 mod deploy_files;
 mod edges;

@@ -256,7 +256,7 @@ async fn operator_commands_and_writers_through_pgbouncer_with_a_schema() {
     }
     outputs.sort();
     assert!(
-        outputs[0].starts_with("applied migrations [1, 2, 3]"),
+        outputs[0].starts_with("applied migrations [1, 2, 3, 4]"),
         "{outputs:?}"
     );
     assert!(
@@ -381,7 +381,10 @@ async fn operator_commands_and_writers_through_pgbouncer_with_a_schema() {
     let out = p
         .cli_ok(&["dead-letters", "retry", &dead[0].to_string()])
         .await;
-    assert_eq!(out.trim(), "1 dead letters queued for retry");
+    assert!(
+        out.starts_with("1 dead letters queued for retry in "),
+        "{out}"
+    );
     let out = p
         .cli_ok(&["dead-letters", "discard", &dead[1].to_string()])
         .await;
@@ -396,7 +399,10 @@ async fn operator_commands_and_writers_through_pgbouncer_with_a_schema() {
         "{out:?}"
     );
     let out = p.cli_ok(&["dead-letters", "retry", "--all"]).await;
-    assert_eq!(out.trim(), "1 dead letters queued for retry");
+    assert!(
+        out.starts_with("1 dead letters queued for retry in "),
+        "{out}"
+    );
     let out = p.cli_ok(&["dead-letters", "list"]).await;
     assert_eq!(out.trim(), "no dead letters");
     assert_eq!(p.direct_count("discarded_at IS NOT NULL").await, 1);
@@ -418,10 +424,10 @@ async fn operator_commands_and_writers_through_pgbouncer_with_a_schema() {
     let out = p
         .cli_ok(&["cleanup", "--older-than", "7d", "--batch-size", "7"])
         .await;
-    assert_eq!(out.trim(), "deleted 25 rows");
+    assert!(out.starts_with("deleted 25 rows in "), "{out}");
     assert_eq!(p.direct_count("true").await, total - 25);
     let out = p.cli_ok(&["cleanup", "--older-than", "7d"]).await;
-    assert_eq!(out.trim(), "deleted 0 rows");
+    assert!(out.starts_with("deleted 0 rows in "), "{out}");
     p.assert_no_session_state("cleanup", 3).await;
 
     // The pooler saw no startup parameter it refused, and no statement failed on its server

@@ -13,15 +13,15 @@ use rcgen::{
 use testkit::outbox::Env;
 use testkit::{PgCluster, PgOptions};
 
-struct Pki {
+pub(crate) struct Pki {
     dir: tempfile::TempDir,
-    ca: PathBuf,
-    other_ca: PathBuf,
-    cert: PathBuf,
-    key: PathBuf,
+    pub(crate) ca: PathBuf,
+    pub(crate) other_ca: PathBuf,
+    pub(crate) cert: PathBuf,
+    pub(crate) key: PathBuf,
     /// A client certificate for the role `certuser`, signed by `ca`, and its key.
-    client_cert: PathBuf,
-    client_key: PathBuf,
+    pub(crate) client_cert: PathBuf,
+    pub(crate) client_key: PathBuf,
     /// The same, signed by `other_ca`.
     other_client_cert: PathBuf,
     other_client_key: PathBuf,
@@ -49,7 +49,7 @@ fn client_cert(
 /// A CA, a server certificate for 127.0.0.1 signed by it, an unrelated CA, and client certificates
 /// signed by each. Files readable by the server's OS user (the server key only by it, as PostgreSQL
 /// demands).
-fn pki() -> Pki {
+pub(crate) fn pki() -> Pki {
     let dir = tempfile::Builder::new()
         .prefix("outbox-relay-tls-")
         .tempdir()
