@@ -57,6 +57,24 @@ pub enum LogFormat {
     Json,
 }
 
+/// `migrate --print --format`: how the migrations are wrapped for the tool that applies them.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum PrintFormat {
+    Script,
+    Bare,
+    Goose,
+}
+
+impl From<PrintFormat> for outbox_relay::migrate::ScriptFormat {
+    fn from(f: PrintFormat) -> Self {
+        match f {
+            PrintFormat::Script => Self::Script,
+            PrintFormat::Bare => Self::Bare,
+            PrintFormat::Goose => Self::Goose,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Create or upgrade the outbox schema (idempotent; safe to run concurrently).
@@ -67,6 +85,10 @@ pub enum Command {
         /// With --print: only the migrations from this version on.
         #[arg(long, requires = "print", value_name = "VERSION", value_parser = clap::value_parser!(i32).range(1..))]
         from: Option<i32>,
+        /// With --print: `script` (one transaction, for psql), `bare` (no BEGIN/COMMIT, for tools
+        /// that run each file in their own transaction: Flyway, Atlas, refinery) or `goose`.
+        #[arg(long, requires = "print", value_enum, value_name = "FORMAT")]
+        format: Option<PrintFormat>,
         /// Apply nothing; exit 1 when migrations are pending (a deploy gate).
         #[arg(long, conflicts_with = "status")]
         check: bool,

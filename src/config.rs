@@ -194,6 +194,23 @@ impl RelayConfig {
     }
 
     /// Refuses values the relay cannot run with. The error names the field.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use outbox_relay::RelayConfig;
+    ///
+    /// let config = RelayConfig {
+    ///     nats_url: "nats://nats:4222".into(),
+    ///     fallback_interval: Duration::from_secs(5),
+    ///     ..RelayConfig::new("postgres://relay@db:5432/app")
+    /// };
+    /// assert!(config.validate().is_ok());
+    ///
+    /// let broken = RelayConfig { batch_size: 0, ..config };
+    /// let err = broken.validate().unwrap_err();
+    /// assert!(err.is_usage());
+    /// assert_eq!(err.config_field().map(|(field, _)| field), Some("batch_size"));
+    /// ```
     pub fn validate(&self) -> Result<()> {
         if self.database_url.trim().is_empty() {
             return Err(Error::config("database_url", "is required"));

@@ -131,6 +131,11 @@ pub fn redacted_url(url: &str) -> String {
 }
 
 /// A URL or message with any password replaced by `***`, for logs and errors.
+///
+/// ```
+/// let shown = outbox_relay::redact("connecting to postgres://app:s3cret@db:5432/app failed");
+/// assert_eq!(shown, "connecting to postgres://app:***@db:5432/app failed");
+/// ```
 pub fn redact(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;

@@ -6,6 +6,26 @@ use std::time::Duration;
 /// Everything that can go wrong in the library. Ask it with [`Error::kind`] and the predicates
 /// ([`Error::is_retryable`], [`Error::is_usage`], [`Error::is_not_found`], ...); its message
 /// ([`std::fmt::Display`]) is for people.
+///
+/// ```
+/// use outbox_relay::{Error, ErrorKind, RelayConfig};
+///
+/// /// What a writer does with a failed transaction.
+/// fn next_step(err: &Error) -> &'static str {
+///     if err.is_retryable() {
+///         "run the transaction again" // connection lost, serialization failure, ...
+///     } else if err.is_usage() {
+///         "fix the input" // an invalid event or setting
+///     } else {
+///         "give up and report"
+///     }
+/// }
+///
+/// let err = RelayConfig::new("").validate().unwrap_err();
+/// assert_eq!(err.kind(), ErrorKind::Config);
+/// assert_eq!(err.config_field().map(|(field, _)| field), Some("database_url"));
+/// assert_eq!(next_step(&err), "fix the input");
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[error(transparent)]
 pub struct Error(Box<Repr>);

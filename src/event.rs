@@ -20,6 +20,31 @@ pub const MAX_AGGREGATE_LEN: usize = 255;
 pub const MAX_HEADER_BLOCK_BYTES: usize = 65_535;
 
 /// An event to write into the outbox inside the application's transaction.
+///
+/// [`NewEvent::new`] takes any serializable payload; [`NewEvent::validate`] (also run by
+/// [`crate::enqueue`] before anything is sent) refuses what cannot become a NATS subject or header:
+///
+/// ```
+/// use outbox_relay::{ErrorKind, NewEvent};
+///
+/// #[derive(serde::Serialize)]
+/// struct OrderCreated {
+///     total: f64,
+/// }
+///
+/// let event = NewEvent::new("order", "42", "order.created", &OrderCreated { total: 99.5 })?
+///     .with_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+/// assert!(event.validate().is_ok());
+/// assert_eq!(event.payload["total"], 99.5);
+///
+/// // A wildcard would make a subject that matches other subjects.
+/// let wildcard = NewEvent::new("order", "42", "order.*", &())?;
+/// assert_eq!(wildcard.validate().unwrap_err().kind(), ErrorKind::InvalidEvent);
+/// // The relay sets the deduplication header itself.
+/// let spoofed = event.clone().with_header("Nats-Msg-Id", "mine");
+/// assert!(spoofed.validate().unwrap_err().is_usage());
+/// # Ok::<(), outbox_relay::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewEvent {
     /// What kind of thing the event is about (`order`); with `aggregate_id`, the unit of ordering.

@@ -10,7 +10,8 @@
 //! - [`writer`]: `enqueue` / `enqueue_many`, for any tokio-postgres `GenericClient`; `sqlx`
 //!   (feature `sqlx`): the same for sqlx executors.
 //! - [`consumer`]: `process_once` for idempotent consumers.
-//! - [`migrate`]: the versioned schema in `sql/migrations`.
+//! - [`migrate`]: the versioned schema in `sql/migrations`, also as scripts for other migration
+//!   tools; `sqlx::migrator` (feature `sqlx`): the same as a sqlx `Migrator`.
 //! - [`config`]: `RelayConfig` with defaults and `validate()`.
 //! - [`Relay`]: runs the relay in the application's runtime; [`HealthReport`] and [`metrics`] for
 //!   its health checks and `/metrics`.
@@ -35,6 +36,8 @@
 //! See docs/ARCHITECTURE.md for how the pieces fit.
 
 #![warn(missing_docs)]
+// docs.rs builds with `--cfg docsrs` (Cargo.toml) to label the items of optional features.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod background;
 pub mod config;
@@ -55,6 +58,7 @@ mod publisher;
 mod relay;
 mod signals;
 #[cfg(feature = "sqlx")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub mod sqlx;
 mod store;
 mod subject;

@@ -178,14 +178,21 @@ fn schema(cli: &Cli) -> Result<Option<&str>, Error> {
 async fn execute(cli: Cli) -> Result<(), Error> {
     match &cli.command {
         Command::Migrate {
-            print: true, from, ..
+            print: true,
+            from,
+            format,
+            ..
         } => {
             if let Some(schema) = &cli.schema {
                 validate_schema(schema)?;
             }
             print!(
                 "{}",
-                migrate::script_from(cli.schema.as_deref(), from.unwrap_or(1))
+                migrate::script_as(
+                    cli.schema.as_deref(),
+                    from.unwrap_or(1),
+                    format.map(Into::into).unwrap_or_default()
+                )
             );
             Ok(())
         }

@@ -22,6 +22,40 @@ pub struct Migration {
     pub sql: &'static str,
 }
 
+impl Migration {
+    /// This migration as a file of its own, for tools that apply each file in a transaction of
+    /// their own (sqlx, Flyway, Atlas, refinery): takes the migration lock, creates
+    /// `outbox_schema_migrations` when missing, applies the SQL and records the version there,
+    /// where the relay looks for it at start. No transaction control of its own.
+    ///
+    /// The text of a released migration never changes: sqlx keeps a checksum of it (see
+    /// `outbox_relay::sqlx::migrator`), so this layout is fixed too.
+    ///
+    /// ```
+    /// let first = &outbox_relay::migrate::MIGRATIONS[0];
+    /// let sql = first.recorded_sql();
+    /// assert!(sql.contains("CREATE TABLE IF NOT EXISTS outbox_events"));
+    /// assert!(sql.contains("INSERT INTO outbox_schema_migrations (version, name) VALUES (1, 'outbox')"));
+    /// ```
+    pub fn recorded_sql(&self) -> String {
+        format!(
+            "{PREPARE}\n-- migration {:04}_{}\n{}\n{}",
+            self.version,
+            self.name,
+            self.sql,
+            self.record_statement()
+        )
+    }
+
+    /// The statement that records this version as `migrate` does (a no-op when it is there).
+    fn record_statement(&self) -> String {
+        format!(
+            "INSERT INTO outbox_schema_migrations (version, name) VALUES ({}, '{}') ON CONFLICT DO NOTHING;\n",
+            self.version, self.name
+        )
+    }
+}
+
 /// Every migration, oldest first. Never edit a released one: add a new version.
 pub const MIGRATIONS: &[Migration] = &[
     Migration {
@@ -119,6 +153,21 @@ pub async fn grant_in(
 
 /// Applies the missing migrations in one transaction, under an advisory lock so that two `migrate`
 /// runs at once apply each version once. Returns the versions applied now (empty: up to date).
+///
+/// ```no_run
+/// # async fn example() -> outbox_relay::Result<()> {
+/// use outbox_relay::migrate;
+///
+/// let mut client = outbox_relay::connect("postgres://admin@db:5432/app", "app-migrate").await?;
+/// let applied = migrate::migrate(&mut client).await?;
+/// println!("applied {applied:?}; schema version {}", migrate::current_version());
+///
+/// // Or, where the schema is applied by another tool, only check it (a deploy gate):
+/// let applied = migrate::applied_in(&mut client, None).await?;
+/// migrate::require_applied(&applied)?; // an error naming `outbox-relay migrate` if behind
+/// # Ok(())
+/// # }
+/// ```
 pub async fn migrate(client: &mut Client) -> Result<Vec<i32>> {
     migrate_in(client, None).await
 }
@@ -199,21 +248,73 @@ pub fn script(schema: Option<&str>) -> String {
 /// [`script`] with the migrations from version `from` on (for a database that has the earlier
 /// ones): each is recorded in `outbox_schema_migrations` as `migrate` does.
 pub fn script_from(schema: Option<&str>, from: i32) -> String {
-    let mut out = String::from("-- outbox-relay schema; apply in one transaction.\nBEGIN;\n");
+    script_as(schema, from, ScriptFormat::Script)
+}
+
+/// The shapes `migrate --print --format` writes the migrations in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ScriptFormat {
+    /// One transaction of its own (`BEGIN` ... `COMMIT`), for `psql -f`.
+    #[default]
+    Script,
+    /// No transaction control: for tools that run each migration file in a transaction they open
+    /// themselves (Flyway, Atlas, refinery), where a `COMMIT` inside the file would end theirs.
+    Bare,
+    /// [`ScriptFormat::Bare`] as a goose migration: `-- +goose Up` and the whole script as one
+    /// statement block, because goose splits statements at semicolons, also inside the `$$`
+    /// bodies of the functions.
+    Goose,
+}
+
+/// The migrations from version `from` on in `format`; each is recorded in
+/// `outbox_schema_migrations` as `migrate` does, so that the relay accepts the schema.
+///
+/// ```
+/// use outbox_relay::migrate::{script_as, ScriptFormat};
+///
+/// let goose = script_as(None, 1, ScriptFormat::Goose);
+/// assert!(goose.starts_with("-- +goose Up\n-- +goose StatementBegin\n"));
+/// assert!(!goose.contains("\nCOMMIT;"));
+/// ```
+pub fn script_as(schema: Option<&str>, from: i32, format: ScriptFormat) -> String {
+    let mut out = String::new();
+    match format {
+        ScriptFormat::Script => out.push_str("-- outbox-relay schema; apply in one transaction.\nBEGIN;\n"),
+        ScriptFormat::Bare => out.push_str(
+            "-- outbox-relay schema; apply in one transaction (this file holds no BEGIN/COMMIT).\n",
+        ),
+        ScriptFormat::Goose => out.push_str(
+            "-- +goose Up\n-- +goose StatementBegin\n-- outbox-relay schema (goose runs it in a transaction).\n",
+        ),
+    }
     if let Some(schema) = schema {
-        out.push_str(&format!(
-            "CREATE SCHEMA IF NOT EXISTS \"{schema}\";\n{};\n",
-            crate::db::set_local_search_path(schema)
-        ));
+        out.push_str(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\";\n"));
+        if format == ScriptFormat::Script {
+            out.push_str(&format!("{};\n", crate::db::set_local_search_path(schema)));
+        } else {
+            // The tool records its own version in the same transaction, in a table it names
+            // without a schema: keep its search_path behind ours.
+            out.push_str(&format!(
+                "SELECT set_config('search_path', concat_ws(', ', '\"{schema}\"', nullif(current_setting('search_path'), '')), true);\n"
+            ));
+        }
     }
     out.push_str(PREPARE);
     for m in MIGRATIONS.iter().filter(|m| m.version >= from) {
         out.push_str(&format!(
-            "\n-- migration {:04}_{}\n{}\nINSERT INTO outbox_schema_migrations (version, name) VALUES ({}, '{}') ON CONFLICT DO NOTHING;\n",
-            m.version, m.name, m.sql, m.version, m.name
+            "\n-- migration {:04}_{}\n{}\n{}",
+            m.version,
+            m.name,
+            m.sql,
+            m.record_statement()
         ));
     }
-    out.push_str("COMMIT;\n");
+    match format {
+        ScriptFormat::Script => out.push_str("COMMIT;\n"),
+        ScriptFormat::Bare => {}
+        ScriptFormat::Goose => out.push_str("-- +goose StatementEnd\n"),
+    }
     out
 }
 

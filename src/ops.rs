@@ -11,6 +11,25 @@
 //! `SET LOCAL` ([`transaction_in`]) and checks the schema version. Nothing of that outlives the
 //! transaction, so the server connection goes back to a pooler unchanged, and `--schema` needs no
 //! `options` in the connection URL (which PgBouncer refuses).
+//!
+//! ```no_run
+//! # async fn example() -> outbox_relay::Result<()> {
+//! use std::time::Duration;
+//! use outbox_relay::ops;
+//!
+//! let mut client = outbox_relay::connect("postgres://relay@db:5432/app", "ops").await?;
+//! let status = ops::status_in(&mut client, None).await?;
+//! println!("{} pending, {} dead letters", status.pending, status.dead_letters);
+//! for dead in ops::dead_letters_in(&mut client, None, 20, None).await? {
+//!     println!("{} {}: {:?}", dead.id, dead.event_type, dead.last_error);
+//! }
+//! let retried = ops::retry_dead_letters_in(&mut client, None, None).await?; // all of them
+//! let week = Duration::from_secs(7 * 24 * 3600);
+//! let deleted = ops::cleanup_in(&mut client, None, week, 1000).await?;
+//! println!("retried {}, deleted {deleted} old rows", retried.len());
+//! # Ok(())
+//! # }
+//! ```
 
 use std::time::{Duration, SystemTime};
 

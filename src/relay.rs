@@ -28,6 +28,33 @@ use processor::Processor;
 
 /// A relay from the outbox table to JetStream. Build it with [`Relay::new`], then
 /// [`Relay::run`] it until its shutdown token is cancelled.
+///
+/// Inside an application, next to its own work:
+///
+/// ```no_run
+/// use outbox_relay::{Relay, RelayConfig};
+/// use tokio_util::sync::CancellationToken;
+///
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// let config = RelayConfig {
+///     nats_url: "nats://nats:4222".into(),
+///     create_stream: true,
+///     metrics_addr: None, // the application serves `relay.metrics()` itself
+///     ..RelayConfig::new("postgres://relay@db:5432/app")
+/// };
+/// let relay = Relay::new(config).await?; // validates; connecting happens in `run`
+/// let metrics = relay.metrics();
+/// let shutdown = CancellationToken::new();
+/// let task = tokio::spawn(relay.run(shutdown.clone()));
+///
+/// // ... the application runs; `metrics.encode()` answers its own /metrics ...
+/// tokio::signal::ctrl_c().await?;
+/// shutdown.cancel(); // the batch in hand is finished and committed, other relays take over
+/// task.await??;
+/// # let _ = metrics;
+/// # Ok(())
+/// # }
+/// ```
 pub struct Relay {
     settings: Settings,
     /// Processor <-> listener: wake-ups and arming.

@@ -1,5 +1,6 @@
 //! The writer API for sqlx applications (the `sqlx` feature): the same statement, validation and
-//! rows as [`crate::writer`], through any [`PgExecutor`].
+//! rows as [`crate::writer`], through any [`PgExecutor`]; and [`migrator`], the outbox schema as
+//! sqlx migrations.
 //!
 //! ```no_run
 //! # async fn example(pool: sqlx::PgPool) -> outbox_relay::Result<()> {
@@ -15,7 +16,12 @@
 //! # }
 //! ```
 
+use std::borrow::Cow;
+
+use ::sqlx::error::BoxDynError;
+use ::sqlx::migrate::{Migration, MigrationSource, MigrationType, Migrator};
 use ::sqlx::postgres::{PgDatabaseError, PgExecutor};
+use futures::future::BoxFuture;
 use uuid::Uuid;
 
 use crate::error::{is_transient_sqlstate, Error, Result};
@@ -63,6 +69,76 @@ where
         .map_err(sqlx_error)
 }
 
+/// Where the outbox's migrations sit among the application's in `_sqlx_migrations`: outbox
+/// version `n` is sqlx version `VERSION_BASE + n` (7250010000000001, ...). sqlx keeps one table of
+/// versions per database, so the outbox's 1, 2, 3 would otherwise be the application's 1, 2, 3;
+/// this range is above both numbering styles of `sqlx migrate add` (1, 2, ... and
+/// `YYYYMMDDHHMMSS` timestamps).
+pub const VERSION_BASE: i64 = 7_250_010_000_000_000;
+
+/// The outbox migrations of this build as sqlx migrations, oldest first: versions from
+/// [`VERSION_BASE`], each applied in a transaction, each recording itself in
+/// `outbox_schema_migrations` too (see [`crate::migrate::Migration::recorded_sql`]), so that the
+/// relay and `outbox-relay migrate --check` accept the schema, and `outbox-relay migrate` run
+/// later finds nothing to do.
+pub fn migrations() -> Vec<Migration> {
+    crate::migrate::MIGRATIONS
+        .iter()
+        .map(|m| {
+            Migration::new(
+                VERSION_BASE + i64::from(m.version),
+                Cow::Owned(format!("outbox-relay {:04}_{}", m.version, m.name)),
+                MigrationType::Simple,
+                Cow::Owned(m.recorded_sql()),
+                false,
+            )
+        })
+        .collect()
+}
+
+/// The outbox schema as a sqlx [`Migrator`], for applications that migrate with sqlx: run it
+/// where the application runs its own `sqlx::migrate!()`, on the same database. It records its
+/// versions in `_sqlx_migrations` (from [`VERSION_BASE`]) and ignores the application's versions
+/// there ([`Migrator::set_ignore_missing`]); the application's own migrator must ignore the
+/// outbox's likewise (`set_ignore_missing(true)`, or `sqlx migrate run --ignore-missing`), since
+/// sqlx otherwise refuses a database holding versions it does not know. Running it again applies
+/// nothing. The outbox goes where the connection's search_path puts new objects, as with
+/// `outbox-relay migrate` without `--schema`.
+///
+/// Both also take PostgreSQL advisory locks, so the migrator, `outbox-relay migrate` and other
+/// instances of the application may start at once.
+///
+/// ```no_run
+/// # async fn example(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// // The outbox first: the application's migrations may refer to `outbox_events`.
+/// outbox_relay::sqlx::migrator().await?.run(&pool).await?;
+///
+/// // The application's own migrations (`sqlx::migrate!()` embeds ./migrations), which must not
+/// // trip over the outbox's versions in `_sqlx_migrations`:
+/// let mut app = sqlx::migrate::Migrator::new(std::path::Path::new("./migrations")).await?;
+/// app.set_ignore_missing(true);
+/// app.run(&pool).await?;
+/// # Ok(())
+/// # }
+/// ```
+pub async fn migrator() -> Result<Migrator> {
+    let mut migrator = Migrator::new(Embedded(migrations()))
+        .await
+        .map_err(|e| Error::sqlx(e.to_string(), false))?;
+    migrator.set_ignore_missing(true);
+    Ok(migrator)
+}
+
+/// The migrations compiled into this crate, as the source sqlx builds a [`Migrator`] from.
+#[derive(Debug)]
+struct Embedded(Vec<Migration>);
+
+impl MigrationSource<'static> for Embedded {
+    fn resolve(self) -> BoxFuture<'static, std::result::Result<Vec<Migration>, BoxDynError>> {
+        Box::pin(async move { Ok(self.0) })
+    }
+}
+
 /// Keeps the server's message and classifies the error like the tokio-postgres path does.
 fn sqlx_error(e: ::sqlx::Error) -> Error {
     let retryable = is_transient(&e);
@@ -100,6 +176,38 @@ fn is_transient(e: &::sqlx::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sqlx_migrations_follow_the_embedded_ones() {
+        let ours = migrations();
+        assert_eq!(ours.len(), crate::migrate::MIGRATIONS.len());
+        for (sqlx, m) in ours.iter().zip(crate::migrate::MIGRATIONS) {
+            assert_eq!(sqlx.version, VERSION_BASE + i64::from(m.version));
+            assert!(sqlx.sql.contains(m.sql));
+            assert!(!sqlx.no_tx);
+        }
+    }
+
+    /// sqlx refuses to run when an applied migration's checksum changed, so the SQL it is given for
+    /// a released migration must stay byte for byte what it was.
+    #[test]
+    fn sqlx_checksums_of_released_migrations_are_stable() {
+        let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        let pinned = [
+            (1, "5ad3ad66899eeef1605fa3fbb02d56f6e0b5f6b5d990b1aac5d892f1481b23d21115cf21e7bc2ca1e30b5640d1e6c46a"),
+            (2, "b06320976d5f5cfc0986ecaca3d71432ef7fa43939f9721df02a46ed740ea26a84a2f763480787c89607377669c19e8a"),
+            (3, "e13b6348f284b3fd57acc0d04e312c2ec2a68d76658d991c06d29c520b6283f0b9a46a933d2947b0ae3961bac18b0a07"),
+            (4, "626935a6678a3da82a8f7cd71e6c45fe33156e973c619146c551ef28a93c78e6431b4ce0d44f94ab35fdc01a02835158"),
+        ];
+        let ours = migrations();
+        for (version, checksum) in pinned {
+            let m = ours
+                .iter()
+                .find(|m| m.version == VERSION_BASE + version)
+                .expect("released migration");
+            assert_eq!(hex(&m.checksum), checksum, "version {version}");
+        }
+    }
 
     #[test]
     fn maps_driver_errors() {

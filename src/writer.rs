@@ -14,6 +14,22 @@ const ENQUEUE: &str = include_str!("../sql/queries/enqueue.sql");
 ///
 /// The outbox table is found through the connection's search_path. The statement is unnamed (no
 /// prepared statement outlives it), so this works through PgBouncer in transaction mode too.
+///
+/// ```no_run
+/// # async fn example(client: &mut tokio_postgres::Client) -> Result<(), Box<dyn std::error::Error>> {
+/// use outbox_relay::{enqueue, NewEvent};
+/// use serde_json::json;
+///
+/// let tx = client.transaction().await?;
+/// tx.execute("INSERT INTO orders (id, total) VALUES (42, 99.5)", &[]).await?;
+/// let event = NewEvent::new("order", "42", "order.created", &json!({ "total": 99.5 }))?;
+/// let event_id = enqueue(&tx, &event).await?;
+/// // Published once this commits; never if the transaction rolls back.
+/// tx.commit().await?;
+/// # let _ = event_id;
+/// # Ok(())
+/// # }
+/// ```
 pub async fn enqueue<C: GenericClient + Sync>(client: &C, event: &NewEvent) -> Result<Uuid> {
     let ids = enqueue_many(client, std::slice::from_ref(event)).await?;
     Ok(ids[0])
@@ -21,6 +37,23 @@ pub async fn enqueue<C: GenericClient + Sync>(client: &C, event: &NewEvent) -> R
 
 /// Writes several events in one statement, in the given order (their `seq` follows it).
 /// All events are validated before anything is sent: one bad event writes none.
+///
+/// ```no_run
+/// # async fn example(client: &mut tokio_postgres::Client) -> Result<(), Box<dyn std::error::Error>> {
+/// use outbox_relay::{enqueue_many, NewEvent};
+/// use serde_json::json;
+///
+/// let tx = client.transaction().await?;
+/// let events = [
+///     NewEvent::new("order", "42", "order.paid", &json!({ "amount": 99.5 }))?,
+///     NewEvent::new("order", "42", "order.shipped", &json!({ "carrier": "post" }))?,
+/// ];
+/// let ids = enqueue_many(&tx, &events).await?; // in this order, also on the stream
+/// tx.commit().await?;
+/// assert_eq!(ids.len(), 2);
+/// # Ok(())
+/// # }
+/// ```
 pub async fn enqueue_many<C: GenericClient + Sync>(
     client: &C,
     events: &[NewEvent],

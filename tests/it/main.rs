@@ -13,6 +13,7 @@ mod edges;
 mod faults;
 mod harness;
 mod mapping;
+mod migration_tools;
 mod observability;
 #[cfg(feature = "otel")]
 mod otel;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use outbox_relay::{ErrorKind, NewEvent};
 use sqlx::postgres::{PgPool, PgPoolOptions};
-use testkit::outbox::Env;
+use testkit::outbox::{cli, Env};
 
 fn event(aggregate_id: &str, n: i32) -> NewEvent {
     testkit::outbox::numbered_event(aggregate_id, n)
@@ -220,4 +220,162 @@ async fn enqueue_through_pgbouncer_in_transaction_mode() {
         .expect("count")
         .get(0);
     assert_eq!(rows, 80);
+}
+
+/// Each applied version with when it was applied, in sqlx's table and in the outbox's.
+async fn applied_versions(pool: &PgPool) -> (Vec<(i64, String)>, Vec<(i32, String)>) {
+    let sqlx_versions = sqlx::query_as(
+        "SELECT version, installed_on::text FROM _sqlx_migrations WHERE success ORDER BY version",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("_sqlx_migrations");
+    let outbox_versions = sqlx::query_as(
+        "SELECT version, applied_at::text FROM outbox_schema_migrations ORDER BY version",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("outbox_schema_migrations");
+    (sqlx_versions, outbox_versions)
+}
+
+/// The outbox versions as sqlx records them.
+fn sqlx_versions() -> Vec<i64> {
+    outbox_relay::migrate::MIGRATIONS
+        .iter()
+        .map(|m| outbox_relay::sqlx::VERSION_BASE + i64::from(m.version))
+        .collect()
+}
+
+/// The sqlx migrator on a fresh database: `migrate --check` accepts the schema, a relay publishes
+/// what the sqlx writer enqueues, and running the migrator (or `outbox-relay migrate`) again
+/// applies nothing.
+#[tokio::test]
+async fn sqlx_migrator_applies_a_schema_the_relay_accepts() {
+    let db = testkit::shared_pg().create_database().await;
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(&db)
+        .await
+        .expect("sqlx pool");
+    let migrator = outbox_relay::sqlx::migrator().await.expect("migrator");
+    migrator.run(&pool).await.expect("first run");
+
+    let (code, out, err) = cli(&db, &["migrate", "--check"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let (sqlx_applied, outbox_applied) = applied_versions(&pool).await;
+    let versions: Vec<i64> = sqlx_applied.iter().map(|(v, _)| *v).collect();
+    assert_eq!(versions, sqlx_versions());
+    let recorded: Vec<i32> = outbox_applied.iter().map(|(v, _)| *v).collect();
+    let expected: Vec<i32> = outbox_relay::migrate::MIGRATIONS
+        .iter()
+        .map(|m| m.version)
+        .collect();
+    assert_eq!(recorded, expected);
+
+    outbox_relay::sqlx::migrator()
+        .await
+        .expect("migrator")
+        .run(&pool)
+        .await
+        .expect("second run");
+    let (code, out, err) = cli(&db, &["migrate"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("schema is up to date"), "{out}");
+    assert_eq!(
+        applied_versions(&pool).await,
+        (sqlx_applied, outbox_applied),
+        "nothing applied again"
+    );
+
+    let env = Env {
+        db: db.clone(),
+        nats: testkit::NatsServer::start(),
+    };
+    env.create_stream().await;
+    let relay = env.spawn(env.config()).await;
+    let mut tx = pool.begin().await.expect("begin");
+    let id = outbox_relay::sqlx::enqueue(&mut *tx, &event("m-1", 1))
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+    env.wait_stream_len(1, Duration::from_secs(10)).await;
+    assert_eq!(env.stored().await[0].event_id(), id);
+    relay.stop().await;
+}
+
+/// Next to the application's own sqlx migrations (version 1 here, which the outbox's must not
+/// collide with), on a database that `outbox-relay migrate` set up before: both migrators run
+/// once each ignores the other's versions, and the schema stays at the version the relay needs.
+#[tokio::test]
+async fn sqlx_migrator_next_to_the_applications_own_migrations() {
+    let db = testkit::shared_pg().create_migrated_database().await;
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(&db)
+        .await
+        .expect("sqlx pool");
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(
+        dir.path().join("1_orders.sql"),
+        "CREATE TABLE orders (id bigint PRIMARY KEY);\n\
+         CREATE INDEX orders_outbox_idx ON outbox_events (aggregate_id) WHERE aggregate_type = 'order';\n",
+    )
+    .expect("write the application's migration");
+
+    // Switching from `outbox-relay migrate`: the migrations run again, in order, and leave the
+    // schema as it was.
+    outbox_relay::sqlx::migrator()
+        .await
+        .expect("migrator")
+        .run(&pool)
+        .await
+        .expect("outbox migrations over `outbox-relay migrate`");
+    let (_, outbox_applied) = applied_versions(&pool).await;
+    assert_eq!(outbox_applied.len(), outbox_relay::migrate::MIGRATIONS.len());
+
+    let strict = sqlx::migrate::Migrator::new(dir.path())
+        .await
+        .expect("application migrator");
+    let err = strict
+        .run(&pool)
+        .await
+        .expect_err("sqlx refuses versions it does not know");
+    assert!(
+        matches!(err, sqlx::migrate::MigrateError::VersionMissing(v) if v == sqlx_versions()[0]),
+        "{err:?}"
+    );
+    let mut app = sqlx::migrate::Migrator::new(dir.path())
+        .await
+        .expect("application migrator");
+    app.set_ignore_missing(true);
+    app.run(&pool).await.expect("application migrations");
+    outbox_relay::sqlx::migrator()
+        .await
+        .expect("migrator")
+        .run(&pool)
+        .await
+        .expect("outbox migrations after the application's");
+    app.run(&pool).await.expect("application migrations again");
+
+    let (sqlx_applied, _) = applied_versions(&pool).await;
+    let versions: Vec<i64> = sqlx_applied.iter().map(|(v, _)| *v).collect();
+    let mut expected = vec![1];
+    expected.extend(sqlx_versions());
+    assert_eq!(versions, expected);
+    let (code, out, err) = cli(&db, &["migrate", "--check"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT indexname::text FROM pg_indexes WHERE tablename = 'outbox_events' ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("indexes");
+    assert!(
+        !indexes.contains(&"outbox_events_pending_seq_idx".to_owned()),
+        "version 2 dropped it again: {indexes:?}"
+    );
+    assert!(indexes.contains(&"orders_outbox_idx".to_owned()), "{indexes:?}");
 }
