@@ -15,9 +15,12 @@ async fn apply_like_a_tool(db: &str, sql: &str, version: i32) {
         .expect("tool table");
     let tx = client.transaction().await.expect("begin");
     tx.batch_execute(sql).await.expect("the migration file");
-    tx.execute("INSERT INTO tool_history (version) VALUES ($1)", &[&version])
-        .await
-        .expect("the tool records its version in the same transaction");
+    tx.execute(
+        "INSERT INTO tool_history (version) VALUES ($1)",
+        &[&version],
+    )
+    .await
+    .expect("the tool records its version in the same transaction");
     tx.commit().await.expect("commit");
 }
 
@@ -40,7 +43,10 @@ async fn print_formats_apply_inside_a_tools_transaction() {
     let db = testkit::shared_pg().create_database().await;
     let (code, bare, err) = cli(&db, &["migrate", "--print", "--format", "bare"]);
     assert_eq!(code, Some(0), "{err}");
-    assert!(!bare.contains("BEGIN;") && !bare.contains("COMMIT;"), "{bare}");
+    assert!(
+        !bare.contains("BEGIN;") && !bare.contains("COMMIT;"),
+        "{bare}"
+    );
     apply_like_a_tool(&db, &bare, 1).await;
     let (code, out, err) = cli(&db, &["migrate", "--check"]);
     assert_eq!(code, Some(0), "{out}{err}");
@@ -49,7 +55,9 @@ async fn print_formats_apply_inside_a_tools_transaction() {
     let db = testkit::shared_pg().create_database().await;
     let (code, bare, err) = cli(
         &db,
-        &["migrate", "--schema", "events", "--print", "--format", "bare"],
+        &[
+            "migrate", "--schema", "events", "--print", "--format", "bare",
+        ],
     );
     assert_eq!(code, Some(0), "{err}");
     apply_like_a_tool(&db, &bare, 1).await;
@@ -80,7 +88,14 @@ async fn print_formats_apply_inside_a_tools_transaction() {
     assert_eq!(code, Some(1), "the latest version is still pending");
     let (code, rest, err) = cli(
         &db,
-        &["migrate", "--print", "--format", "goose", "--from", &latest.to_string()],
+        &[
+            "migrate",
+            "--print",
+            "--format",
+            "goose",
+            "--from",
+            &latest.to_string(),
+        ],
     );
     assert_eq!(code, Some(0), "{err}");
     let block = goose_block(&rest);

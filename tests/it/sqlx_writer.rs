@@ -334,7 +334,10 @@ async fn sqlx_migrator_next_to_the_applications_own_migrations() {
         .await
         .expect("outbox migrations over `outbox-relay migrate`");
     let (_, outbox_applied) = applied_versions(&pool).await;
-    assert_eq!(outbox_applied.len(), outbox_relay::migrate::MIGRATIONS.len());
+    assert_eq!(
+        outbox_applied.len(),
+        outbox_relay::migrate::MIGRATIONS.len()
+    );
 
     let strict = sqlx::migrate::Migrator::new(dir.path())
         .await
@@ -377,5 +380,8 @@ async fn sqlx_migrator_next_to_the_applications_own_migrations() {
         !indexes.contains(&"outbox_events_pending_seq_idx".to_owned()),
         "version 2 dropped it again: {indexes:?}"
     );
-    assert!(indexes.contains(&"orders_outbox_idx".to_owned()), "{indexes:?}");
+    assert!(
+        indexes.contains(&"orders_outbox_idx".to_owned()),
+        "{indexes:?}"
+    );
 }
