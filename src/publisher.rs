@@ -315,10 +315,14 @@ impl Publisher {
         self.client.connection_state() == async_nats::connection::State::Connected
     }
 
-    /// Is JetStream answering at all? Tells a broker outage from events the broker refuses.
-    pub async fn probe(&self) -> bool {
+    /// The subjects of the stream, when JetStream answers a lookup of it (`None`: it does not).
+    /// Tells a broker outage or a leader change from an event routed where no stream listens.
+    async fn probe(&self) -> Option<Vec<String>> {
         let lookup = self.js.get_stream(&self.stream);
-        matches!(tokio::time::timeout(self.timeout, lookup).await, Ok(Ok(_)))
+        match tokio::time::timeout(self.timeout, lookup).await {
+            Ok(Ok(stream)) => Some(stream.cached_info().config.subjects.clone()),
+            _ => None,
+        }
     }
 
     /// The event's subject under the template; an error (the row's) when its values make none.
@@ -330,19 +334,19 @@ impl Publisher {
     /// at a time in order, stopping at the first failure so an aggregate's order survives retries.
     pub async fn publish(&self, groups: &[Vec<OutboxEvent>]) -> Vec<Vec<Outcome>> {
         let mut outcomes = join_all(groups.iter().map(|group| self.publish_group(group))).await;
-        // "No responders" means no stream listens on the subject, or JetStream is not answering at
-        // all: only the first is the event's fault. One probe tells them apart.
+        // "No responders" means no stream listens on the subject, JetStream is not answering at
+        // all, or the stream that listens has no leader for a moment (a node died). Only the
+        // first is the event's fault: one lookup of the stream tells them apart.
         let no_stream = |o: &Outcome| matches!(o, Outcome::Failed(f) if f.no_responders);
         if outcomes.iter().flatten().any(no_stream) {
-            let kind = if self.probe().await {
-                FailureKind::Rejected
-            } else {
-                FailureKind::Broker
-            };
-            for outcome in outcomes.iter_mut().flatten() {
-                if let Outcome::Failed(f) = outcome {
-                    if f.no_responders {
-                        f.kind = kind;
+            let subjects = self.probe().await;
+            for (group, outcomes) in groups.iter().zip(outcomes.iter_mut()) {
+                for (event, outcome) in group.iter().zip(outcomes.iter_mut()) {
+                    if let Outcome::Failed(f) = outcome {
+                        if f.no_responders {
+                            f.kind =
+                                no_responders_kind(subjects.as_deref(), &self.subject_shown(event));
+                        }
                     }
                 }
             }
@@ -531,6 +535,19 @@ fn outgoing_trace_headers(_: &tracing::Span) -> Vec<(String, String)> {
 #[cfg(not(feature = "otel"))]
 fn trace_failure(_: &tracing::Span, _: FailureKind, _: &str) {}
 
+/// Whose fault "no responders" to a publish on `subject` is, given the stream's subjects when
+/// JetStream answered a lookup of it: the event's only when the stream answers and none of its
+/// subjects covers the event's subject (routed where no stream listens). A stream that covers the
+/// subject and still did not answer is between leaders: the broker's trouble, like no answer.
+fn no_responders_kind(stream_subjects: Option<&[String]>, subject: &str) -> FailureKind {
+    match stream_subjects {
+        Some(filters) if !filters.iter().any(|f| crate::subject::matches(f, subject)) => {
+            FailureKind::Rejected
+        }
+        _ => FailureKind::Broker,
+    }
+}
+
 fn is_not_found(e: &jetstream::context::GetStreamError) -> bool {
     matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(ref js)
         if js.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
@@ -646,6 +663,31 @@ fn is_ce_attribute(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_responders_blame_the_event_only_where_no_stream_listens() {
+        let subjects = vec!["outbox.>".to_string(), "audit.*".to_string()];
+        // The stream covers the subject and did not answer: between leaders.
+        assert_eq!(
+            no_responders_kind(Some(&subjects), "outbox.order.created"),
+            FailureKind::Broker
+        );
+        assert_eq!(
+            no_responders_kind(Some(&subjects), "audit.x"),
+            FailureKind::Broker
+        );
+        // JetStream did not answer the lookup: an outage.
+        assert_eq!(no_responders_kind(None, "elsewhere.x"), FailureKind::Broker);
+        // It answered and no subject of its covers the event's: routed where no stream listens.
+        assert_eq!(
+            no_responders_kind(Some(&subjects), "elsewhere.order.created"),
+            FailureKind::Rejected
+        );
+        assert_eq!(
+            no_responders_kind(Some(&subjects), "audit.x.y"),
+            FailureKind::Rejected
+        );
+    }
 
     #[test]
     fn credentials_move_out_of_the_url() {

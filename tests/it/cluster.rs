@@ -1,8 +1,9 @@
 //! Clustered JetStream: a three-node nats-server cluster with a three-replica stream loses a node
-//! (SIGKILL) in the middle of a 20,000-event drain. The killed node is the one the relay is
-//! connected to, made the stream leader beforehand (by step-downs), so the relay has to reconnect
-//! to a survivor while the stream elects a new leader. The ledger must still hold: every event in
-//! the stream exactly once, in `seq` order per aggregate, nothing dead-lettered.
+//! (SIGKILL) in the middle of a 20,000-event drain. The killed node is the stream leader (moved
+//! there beforehand by step-downs): either the node the relay is connected to, so the relay has to
+//! reconnect to a survivor while the stream elects a new leader, or another one. The ledger must
+//! still hold: every event in the stream exactly once, in `seq` order per aggregate, and, with
+//! `--max-attempts 1`, nothing dead-lettered (no failure during the failover blamed on an event).
 
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
@@ -25,8 +26,30 @@ const KILL_AT: u64 = 5_000;
 /// Connection name of the relay's NATS client (see `publisher::connect`).
 const RELAY_CONNECTION_NAME: &str = "outbox-relay";
 
+/// Which node is SIGKILLed in the middle of the drain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Victim {
+    /// The node serving the relay's connection, made the stream leader too.
+    RelaysNode,
+    /// The stream leader, made a node that serves neither the relay nor the JetStream meta group.
+    StreamLeaderOnly,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_killed_mid_drain_loses_and_duplicates_nothing() {
+    kill_mid_drain(Victim::RelaysNode, 1).await;
+}
+
+/// The stream leader dies while the relay's node and the meta leader live: until a replica takes
+/// over, publishes meet "no responders" while the stream still answers lookups (the meta leader
+/// knows it). That is the broker's trouble, not the events': with `max_attempts = 1` a row blamed
+/// for it would be dead-lettered at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_leader_killed_mid_drain_spends_no_attempts() {
+    kill_mid_drain(Victim::StreamLeaderOnly, 1).await;
+}
+
+async fn kill_mid_drain(victim_kind: Victim, max_attempts: u32) {
     let _turn = testkit::heavy().await;
     init_tracing();
     let started = Instant::now();
@@ -61,6 +84,7 @@ async fn node_killed_mid_drain_loses_and_duplicates_nothing() {
         retry_initial: Duration::from_millis(100),
         retry_max: Duration::from_secs(1),
         batch_size: 500,
+        max_attempts,
         ..RelayConfig::default()
     };
     let relay = Relay::new(config).await.expect("valid config");
@@ -72,14 +96,24 @@ async fn node_killed_mid_drain_loses_and_duplicates_nothing() {
         token,
     };
 
-    // The victim: the node serving the relay's connection, made the stream leader as well.
-    let victim = tokio::task::block_in_place(|| relay_node(&nodes, Duration::from_secs(10)))
+    let relays_node = tokio::task::block_in_place(|| relay_node(&nodes, Duration::from_secs(10)))
         .expect("no node lists the relay's connection");
-    let victim_name = name_of(&nodes[victim]);
-    let leader = move_stream_leader(&client, &js, &victim_name, 10).await;
     let meta_leader = tokio::task::block_in_place(|| meta_leader(&nodes));
+    let victim = match victim_kind {
+        Victim::RelaysNode => relays_node,
+        Victim::StreamLeaderOnly => (0..NODES)
+            .find(|&i| i != relays_node && Some(name_of(&nodes[i])) != meta_leader)
+            .or_else(|| (0..NODES).find(|&i| i != relays_node))
+            .expect("three nodes"),
+    };
+    let victim_name = name_of(&nodes[victim]);
+    let leader = move_stream_leader(&client, &js, &victim_name, 30).await;
+    if victim_kind == Victim::StreamLeaderOnly {
+        assert_eq!(leader, victim_name, "the stream leader could not be moved");
+    }
     eprintln!(
-        "relay connected to {victim_name}; stream leader {leader}; meta leader {}",
+        "relay connected to {}; stream leader {leader}; meta leader {}; victim {victim_name}",
+        name_of(&nodes[relays_node]),
         meta_leader.as_deref().unwrap_or("?")
     );
 

@@ -237,3 +237,49 @@ async fn routing_flags_are_checked_at_start() {
         assert!(stderr.contains(flag), "{args:?} names {flag}: {stderr}");
     }
 }
+
+/// A template that sends some events where no stream listens: JetStream answers "no responders"
+/// for them while the stream answers lookups and its subjects do not cover theirs, so they are
+/// the events' fault (dead-lettered after --max-attempts, their aggregates only); the events the
+/// stream covers go out. (The other "no responders", a stream between leaders, is the broker's:
+/// see `cluster::stream_leader_killed_mid_drain_spends_no_attempts`.)
+#[tokio::test]
+async fn events_routed_where_no_stream_listens_are_dead_lettered() {
+    let env = Env::new().await; // stream OUTBOX on outbox.>
+    let covered = insert(&env, "outbox", "o-1", "created").await;
+    let stray = insert(&env, "audit", "a-1", "created").await;
+    let relay = env
+        .spawn(RelayConfig {
+            subject_template: Some("{aggregate_type}.{event_type}".into()),
+            max_attempts: 2,
+            ..env.config()
+        })
+        .await;
+    wait_until("the stray event dead-lettered", WAIT, || async {
+        env.count("dead_lettered_at IS NOT NULL").await == 1
+    })
+    .await;
+    env.wait_stream_len(1, WAIT).await;
+    relay.stop().await;
+
+    let stored = env.stored().await;
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].headers["Outbox-Event-Id"], covered);
+    assert_eq!(stored[0].subject, "outbox.created");
+    let dead = env
+        .client()
+        .await
+        .query_one(
+            "SELECT id::text, attempts, last_error FROM outbox_dead_letters",
+            &[],
+        )
+        .await
+        .expect("dead letter");
+    assert_eq!(dead.get::<_, String>(0), stray);
+    assert_eq!(dead.get::<_, i32>(1), 2, "both attempts spent");
+    let why: String = dead.get(2);
+    assert!(
+        why.contains("audit.created"),
+        "last_error names the subject: {why}"
+    );
+}
