@@ -318,10 +318,13 @@ fn is_transient_db_error(e: &tokio_postgres::Error) -> bool {
 
 /// The TLS handshake failed or the server does not offer TLS that the settings require.
 fn is_tls_failure(e: &tokio_postgres::Error) -> bool {
-    if e.to_string().contains("TLS") {
-        return true;
-    }
-    let mut source = std::error::Error::source(e);
+    e.to_string().contains("TLS") || caused_by_rustls(e)
+}
+
+/// Is a rustls error (a certificate that does not verify, a handshake refused) somewhere in the
+/// chain of causes of `e`, directly or inside an I/O error as TLS streams report it?
+pub(crate) fn caused_by_rustls(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(e);
     while let Some(s) = source {
         if s.downcast_ref::<rustls::Error>().is_some() {
             return true;

@@ -151,6 +151,9 @@ pub(crate) async fn connect(
             K::Authentication | K::AuthorizationViolation => ("authentication failed", true),
             K::TimedOut => ("timed out", false),
             K::Tls => ("TLS setup failed", true),
+            // The handshake itself (the server's certificate does not verify, or the server
+            // refused ours) comes as an I/O error: waiting would not heal it either.
+            _ if crate::error::caused_by_rustls(&e) => ("TLS handshake failed", true),
             _ => ("cannot connect", false),
         };
         let message = format!(
