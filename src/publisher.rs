@@ -349,6 +349,8 @@ impl Publisher {
                         if f.no_responders {
                             f.kind =
                                 no_responders_kind(subjects.as_deref(), &self.subject_shown(event));
+                            // The send span is still open (the failure holds it).
+                            trace_failure(&f.span, f.kind, &f.message);
                         }
                     }
                 }
@@ -388,7 +390,11 @@ impl Publisher {
             .await;
         match outcome {
             Outcome::Failed(mut f) => {
-                trace_failure(&span, f.kind, &f.message);
+                // "No responders" is judged in `publish`, which records it then: an attribute
+                // recorded twice would be exported twice.
+                if !f.no_responders {
+                    trace_failure(&span, f.kind, &f.message);
+                }
                 f.span = span;
                 Outcome::Failed(f)
             }

@@ -586,32 +586,11 @@ async fn an_embedded_relay_traces_through_the_applications_subscriber() {
     .await
     .expect("enqueue");
 
-    let (exporter, provider, dispatch) = writer_tracing();
-    // tracing caches each callsite's interest. While at most one dispatcher is alive, it asks only
-    // the dispatcher of the thread that hits a callsite first: an untraced relay of another test
-    // would then disable the send span for good. A second live dispatcher makes it ask all.
-    let _second = Dispatch::new(tracing_subscriber::registry());
-    let relay = outbox_relay::Relay::new(env.config()).await.expect("relay");
-    let token = tokio_util::sync::CancellationToken::new();
-    let handle = tokio::spawn(relay.run(token.clone()).with_subscriber(dispatch));
-    env.wait_stream_len(1, Duration::from_secs(10)).await;
-    token.cancel();
-    tokio::time::timeout(Duration::from_secs(10), handle)
-        .await
-        .expect("relay stops")
-        .expect("relay task")
-        .expect("relay exits cleanly");
-    provider.force_flush().expect("flush");
-
-    let spans = exporter.get_finished_spans().expect("spans");
-    let send = spans
-        .iter()
-        .find(|s| {
-            s.attributes.iter().any(|kv| {
-                kv.key.as_str() == "messaging.message.id" && kv.value.as_str() == id.to_string()
-            })
-        })
-        .unwrap_or_else(|| panic!("no send span in {spans:#?}"));
+    let spans = run_traced(env.config(), async {
+        env.wait_stream_len(1, Duration::from_secs(10)).await;
+    })
+    .await;
+    let send = finished_send_span(&spans, id);
     assert_eq!(send.span_kind, opentelemetry::trace::SpanKind::Producer);
     assert_eq!(send.name, "send outbox.order.created");
     assert_eq!(
@@ -630,4 +609,85 @@ async fn an_embedded_relay_traces_through_the_applications_subscriber() {
         )
     );
     assert!(!m.headers.contains_key("traceparent"), "{:?}", m.headers);
+}
+
+/// Runs an embedded relay with `config` under an application's OpenTelemetry subscriber until
+/// `done`; returns the spans it finished.
+async fn run_traced(
+    config: outbox_relay::RelayConfig,
+    done: impl std::future::Future<Output = ()>,
+) -> Vec<opentelemetry_sdk::trace::SpanData> {
+    let (exporter, provider, dispatch) = writer_tracing();
+    // tracing caches each callsite's interest. While at most one dispatcher is alive, it asks only
+    // the dispatcher of the thread that hits a callsite first: an untraced relay of another test
+    // would then disable the send span for good. A second live dispatcher makes it ask all.
+    let _second = Dispatch::new(tracing_subscriber::registry());
+    let relay = outbox_relay::Relay::new(config).await.expect("relay");
+    let token = tokio_util::sync::CancellationToken::new();
+    let handle = tokio::spawn(relay.run(token.clone()).with_subscriber(dispatch));
+    done.await;
+    token.cancel();
+    tokio::time::timeout(Duration::from_secs(10), handle)
+        .await
+        .expect("relay stops")
+        .expect("relay task")
+        .expect("relay exits cleanly");
+    provider.force_flush().expect("flush");
+    exporter.get_finished_spans().expect("spans")
+}
+
+fn finished_send_span(
+    spans: &[opentelemetry_sdk::trace::SpanData],
+    id: uuid::Uuid,
+) -> &opentelemetry_sdk::trace::SpanData {
+    spans
+        .iter()
+        .find(|s| {
+            s.attributes.iter().any(|kv| {
+                kv.key.as_str() == "messaging.message.id" && kv.value.as_str() == id.to_string()
+            })
+        })
+        .unwrap_or_else(|| panic!("no send span in {spans:#?}"))
+}
+
+/// "No responders" is first taken for the broker's trouble and judged after a lookup of the
+/// stream: the send span of an event routed where no stream listens ends as the event's failure
+/// (`error.type` "rejected"), as the row's verdict does.
+#[tokio::test]
+async fn a_send_span_records_the_verdict_on_no_responders() {
+    let env = Env::new().await; // the stream covers outbox.>
+    let id = enqueue(
+        &env.client().await,
+        &NewEvent::new("audit", "a-1", "created", &serde_json::json!({})).expect("event"),
+    )
+    .await
+    .expect("enqueue");
+    let config = outbox_relay::RelayConfig {
+        subject_template: Some("{aggregate_type}.{event_type}".into()),
+        max_attempts: 1,
+        ..env.config()
+    };
+    let spans = run_traced(config, async {
+        wait_until(
+            "the stray event dead-lettered",
+            Duration::from_secs(20),
+            || async { env.count("dead_lettered_at IS NOT NULL").await == 1 },
+        )
+        .await;
+    })
+    .await;
+    let send = finished_send_span(&spans, id);
+    assert_eq!(send.name, "send audit.created");
+    let error_types: Vec<String> = send
+        .attributes
+        .iter()
+        .filter(|kv| kv.key.as_str() == "error.type")
+        .map(|kv| kv.value.as_str().into_owned())
+        .collect();
+    assert_eq!(error_types, ["rejected"], "one verdict: {send:#?}");
+    assert!(
+        matches!(send.status, opentelemetry::trace::Status::Error { .. }),
+        "{:?}",
+        send.status
+    );
 }
