@@ -87,6 +87,7 @@ pub fn init(format: LogFormat, traces: bool) -> Result<Telemetry, String> {
 mod otlp {
     use opentelemetry::trace::TracerProvider as _;
     use opentelemetry::InstrumentationScope;
+    use opentelemetry_otlp::WithHttpConfig as _;
     use opentelemetry_sdk::trace::SdkTracerProvider;
     use opentelemetry_sdk::Resource;
     use tracing_subscriber::filter::Targets;
@@ -124,8 +125,13 @@ mod otlp {
                 break;
             }
         }
-        let exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
+        // reqwest's rustls takes the process's provider: the one the relay uses everywhere.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut exporter = opentelemetry_otlp::SpanExporter::builder().with_http();
+        if let Some(client) = tls_client()? {
+            exporter = exporter.with_http_client(client);
+        }
+        let exporter = exporter
             .build()
             .map_err(|e| format!("OTEL_EXPORTER_OTLP_ENDPOINT: {e}"))?;
         let named = env("OTEL_SERVICE_NAME").is_some()
@@ -143,6 +149,87 @@ mod otlp {
                 .with_resource(resource.build())
                 .build(),
         ))
+    }
+
+    /// The traces variable or, without it, the general one (as the OpenTelemetry SDKs read them).
+    fn signal_env(traces: &'static str, general: &'static str) -> Option<(&'static str, String)> {
+        env(traces)
+            .map(|v| (traces, v))
+            .or_else(|| env(general).map(|v| (general, v)))
+    }
+
+    fn read_pem(var: &str, path: &str) -> Result<Vec<u8>, String> {
+        std::fs::read(path).map_err(|e| format!("{var}: cannot read {path}: {e}"))
+    }
+
+    /// The exporter's HTTP client when the standard TLS variables ask for more than the system's
+    /// roots: `OTEL_EXPORTER_OTLP_[TRACES_]CERTIFICATE` (PEM roots trusted besides the system's)
+    /// and `OTEL_EXPORTER_OTLP_[TRACES_]CLIENT_CERTIFICATE` with `..._CLIENT_KEY` (mutual TLS).
+    /// `None`: the exporter's own client (which verifies against the system's roots). Built here,
+    /// before the runtime starts, as a blocking client must be.
+    fn tls_client() -> Result<Option<reqwest::blocking::Client>, String> {
+        let roots = signal_env(
+            "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+        );
+        let cert = signal_env(
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+        );
+        let key = signal_env(
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+            "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+        );
+        if roots.is_none() && cert.is_none() && key.is_none() {
+            return Ok(None);
+        }
+        let mut builder = reqwest::blocking::Client::builder().timeout(export_timeout()?);
+        if let Some((var, path)) = roots {
+            let certs = reqwest::Certificate::from_pem_bundle(&read_pem(var, &path)?)
+                .map_err(|e| format!("{var}: {path} holds no PEM certificate: {e}"))?;
+            if certs.is_empty() {
+                return Err(format!("{var}: {path} holds no PEM certificate"));
+            }
+            builder = builder.tls_certs_merge(certs);
+        }
+        match (cert, key) {
+            (Some((cert_var, cert_path)), Some((key_var, key_path))) => {
+                let mut pem = read_pem(cert_var, &cert_path)?;
+                pem.push(b'\n');
+                pem.extend(read_pem(key_var, &key_path)?);
+                let identity = reqwest::Identity::from_pem(&pem).map_err(|e| {
+                    format!("{cert_var} and {key_var}: no certificate and private key in PEM: {e}")
+                })?;
+                builder = builder.identity(identity);
+            }
+            (Some((var, _)), None) | (None, Some((var, _))) => {
+                return Err(format!(
+                    "{var} needs its pair: a client certificate takes both \
+                     OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE and OTEL_EXPORTER_OTLP_CLIENT_KEY"
+                ));
+            }
+            (None, None) => {}
+        }
+        builder
+            .build()
+            .map(Some)
+            .map_err(|e| format!("OTLP exporter TLS: {e}"))
+    }
+
+    /// `OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT` in milliseconds, 10 s without it (the exporter's own
+    /// default, which applies to its own client only).
+    fn export_timeout() -> Result<std::time::Duration, String> {
+        match signal_env(
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+            "OTEL_EXPORTER_OTLP_TIMEOUT",
+        ) {
+            None => Ok(std::time::Duration::from_secs(10)),
+            Some((var, ms)) => ms
+                .trim()
+                .parse::<u64>()
+                .map(std::time::Duration::from_millis)
+                .map_err(|_| format!("{var}: {ms:?} is no number of milliseconds")),
+        }
     }
 
     /// The layer that turns the relay's `tracing` spans into OpenTelemetry spans. It sees the

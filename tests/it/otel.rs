@@ -296,7 +296,7 @@ async fn enqueue_uses_the_global_propagator_and_falls_back_to_w3c() {
 type Exported = Arc<Mutex<Vec<(String, Span)>>>;
 
 /// An OTLP/HTTP receiver (protobuf) on a free port: `POST /v1/traces`.
-async fn otlp_receiver() -> (std::net::SocketAddr, Exported) {
+async fn otlp_receiver(tls: Option<tokio_rustls::TlsAcceptor>) -> (std::net::SocketAddr, Exported) {
     let exported: Exported = Arc::default();
     let sink = exported.clone();
     let app = axum::Router::new().route(
@@ -328,8 +328,70 @@ async fn otlp_receiver() -> (std::net::SocketAddr, Exported) {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    match tls {
+        None => drop(tokio::spawn(
+            async move { axum::serve(listener, app).await },
+        )),
+        Some(acceptor) => drop(tokio::spawn(async move {
+            axum::serve(TlsListener { listener, acceptor }, app).await
+        })),
+    }
     (addr, exported)
+}
+
+/// An HTTPS listener for the receiver: TLS accepted on each connection; a failed handshake drops
+/// the connection (counted, for tests that expect refusals).
+struct TlsListener {
+    listener: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Ok((tcp, addr)) = self.listener.accept().await else {
+                continue;
+            };
+            if let Ok(tls) = self.acceptor.accept(tcp).await {
+                return (tls, addr);
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.listener.local_addr()
+    }
+}
+
+/// A TLS acceptor with the test PKI's server certificate that requires a client certificate
+/// signed by its CA.
+fn mutual_tls(pki: &crate::tls::Pki) -> tokio_rustls::TlsAcceptor {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_file_iter(&pki.ca).expect("ca") {
+        roots.add(ca.expect("ca pem")).expect("add ca");
+    }
+    let verifier =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider.clone())
+            .build()
+            .expect("client verifier");
+    let chain = CertificateDer::pem_file_iter(&pki.cert)
+        .expect("cert")
+        .collect::<Result<Vec<_>, _>>()
+        .expect("cert pem");
+    let key = PrivateKeyDer::from_pem_file(&pki.key).expect("key");
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .expect("server config");
+    tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config))
 }
 
 fn text(value: Option<&AnyValue>) -> String {
@@ -370,14 +432,38 @@ fn relay_exporting_to(
     format: &str,
     log_path: &std::path::Path,
 ) -> RelayProcess {
+    relay_exporting_with(env, &format!("http://{receiver}"), &[], format, log_path)
+}
+
+/// [`relay_exporting_to`] an `endpoint` URL with more variables.
+fn relay_exporting_with(
+    env: &Env,
+    endpoint: &str,
+    vars: &[(&str, &std::path::Path)],
+    format: &str,
+    log_path: &std::path::Path,
+) -> RelayProcess {
     let log = std::fs::File::create(log_path).expect("log file");
     let mut cmd = testkit::relay_command();
+    cmd.envs(vars.iter().copied());
+    for var in [
+        "OTEL_EXPORTER_OTLP_CERTIFICATE",
+        "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+        "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+        "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+        "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+        "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+    ] {
+        if !vars.iter().any(|(k, _)| *k == var) {
+            cmd.env_remove(var);
+        }
+    }
     cmd.args(["run", "--metrics-addr", "off", "--fallback-interval", "60s"])
         .args(["--log-format", format])
         .env("DATABASE_URL", &env.db)
         .env("NATS_URL", env.nats.url())
         .env("RUST_LOG", "warn")
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{receiver}"))
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")
         .env_remove("OTEL_SERVICE_NAME")
         .env_remove("OTEL_RESOURCE_ATTRIBUTES")
@@ -407,7 +493,7 @@ async fn insert_poison(client: &tokio_postgres::Client, traceparent: &str) -> uu
 async fn the_relay_binary_exports_producer_spans_in_the_writers_trace() {
     let env = Env::new().await;
     let client = env.client().await;
-    let (receiver, exported) = otlp_receiver().await;
+    let (receiver, exported) = otlp_receiver(None).await;
 
     // The writer enqueues one event inside a traced request and one outside any span.
     let (_exporter, _provider, dispatch) = writer_tracing();
@@ -525,7 +611,7 @@ async fn the_relay_binary_exports_producer_spans_in_the_writers_trace() {
 async fn text_log_lines_inside_a_send_span_end_with_its_ids() {
     let env = Env::new().await;
     let client = env.client().await;
-    let (receiver, exported) = otlp_receiver().await;
+    let (receiver, exported) = otlp_receiver(None).await;
     let poison = insert_poison(
         &client,
         "00-33333333333333333333333333333333-4444444444444444-01",
@@ -689,5 +775,66 @@ async fn a_send_span_records_the_verdict_on_no_responders() {
         matches!(send.status, opentelemetry::trace::Status::Error { .. }),
         "{:?}",
         send.status
+    );
+}
+
+/// An https:// collector that requires a client certificate: the relay trusts its CA from
+/// `OTEL_EXPORTER_OTLP_CERTIFICATE` and presents `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` and
+/// `..._CLIENT_KEY` (the variables of the OpenTelemetry SDKs), and the span arrives.
+#[tokio::test]
+async fn spans_are_exported_over_https_with_client_certificates() {
+    let pki = crate::tls::pki();
+    let env = Env::new().await;
+    let id = enqueue(&env.client().await, &event("over-tls"))
+        .await
+        .expect("enqueue");
+    let (receiver, exported) = otlp_receiver(Some(mutual_tls(&pki))).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log_path = dir.path().join("relay.log");
+    let relay = relay_exporting_with(
+        &env,
+        &format!("https://localhost:{}", receiver.port()),
+        &[
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", &pki.ca),
+            ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", &pki.client_cert),
+            ("OTEL_EXPORTER_OTLP_CLIENT_KEY", &pki.client_key),
+        ],
+        "json",
+        &log_path,
+    );
+    wait_until(
+        "the span exported over TLS",
+        Duration::from_secs(20),
+        || async {
+            let exported = exported.lock().expect("lock");
+            exported
+                .iter()
+                .any(|(_, s)| text(attribute(s, "messaging.message.id")) == id.to_string())
+        },
+    )
+    .await;
+    assert_eq!(relay.stop().await, None, "the relay exits cleanly");
+}
+
+/// A client certificate without its key is a usage error naming the variables.
+#[test]
+fn a_client_certificate_without_its_key_is_a_usage_error() {
+    let pki = crate::tls::pki();
+    let out = testkit::relay_command()
+        .args(["run", "--metrics-addr", "off"])
+        .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "https://127.0.0.1:1")
+        .env("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", &pki.client_cert)
+        .env_remove("OTEL_EXPORTER_OTLP_CLIENT_KEY")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY")
+        .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")
+        .output()
+        .expect("run outbox-relay");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE")
+            && stderr.contains("OTEL_EXPORTER_OTLP_CLIENT_KEY"),
+        "{stderr}"
     );
 }
