@@ -76,7 +76,7 @@ fn extract(headers: &BTreeMap<String, String>) -> Option<Context> {
 }
 
 /// The PRODUCER span of one publish of `event` to `subject`, following OpenTelemetry's messaging
-/// conventions (`send <subject>`, `messaging.*`), plus the outbox's own attributes; among them
+/// conventions (`publish <subject>`: `{messaging.operation.name} {destination}`, `messaging.*`), plus the outbox's own attributes; among them
 /// `outbox.wait_ms`, the time from the row's `created_at` (its commit, give or take the writer's
 /// transaction) to this publish, in milliseconds. Its parent is the context stored in the row, so
 /// the span lands in the writer's trace; a row without one starts a trace of its own.
@@ -85,7 +85,7 @@ pub(crate) fn send_span(event: &OutboxEvent, subject: &str) -> tracing::Span {
         target: SEND_TARGET,
         parent: None,
         "send",
-        otel.name = %format_args!("send {subject}"),
+        otel.name = %format_args!("publish {subject}"),
         otel.kind = "producer",
         otel.status_code = tracing::field::Empty,
         otel.status_description = tracing::field::Empty,

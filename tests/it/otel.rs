@@ -527,7 +527,7 @@ async fn the_relay_binary_exports_producer_spans_in_the_writers_trace() {
     // The traced event: a PRODUCER span in the writer's trace, child of the writer's span.
     let (service, send) = send_span_of(&exported, traced);
     assert_eq!(service, "outbox-relay", "default service name");
-    assert_eq!(send.name, "send outbox.order.created");
+    assert_eq!(send.name, "publish outbox.order.created");
     assert_eq!(send.kind, SpanKind::Producer as i32);
     assert_eq!(hex(&send.trace_id), writer.trace_id().to_string());
     assert_eq!(hex(&send.parent_span_id), writer.span_id().to_string());
@@ -678,7 +678,7 @@ async fn an_embedded_relay_traces_through_the_applications_subscriber() {
     .await;
     let send = finished_send_span(&spans, id);
     assert_eq!(send.span_kind, opentelemetry::trace::SpanKind::Producer);
-    assert_eq!(send.name, "send outbox.order.created");
+    assert_eq!(send.name, "publish outbox.order.created");
     assert_eq!(
         send.span_context.trace_id().to_string(),
         "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -763,7 +763,7 @@ async fn a_send_span_records_the_verdict_on_no_responders() {
     })
     .await;
     let send = finished_send_span(&spans, id);
-    assert_eq!(send.name, "send audit.created");
+    assert_eq!(send.name, "publish audit.created");
     let error_types: Vec<String> = send
         .attributes
         .iter()
