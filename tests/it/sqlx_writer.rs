@@ -342,10 +342,18 @@ async fn sqlx_migrator_next_to_the_applications_own_migrations() {
     let strict = sqlx::migrate::Migrator::new(dir.path())
         .await
         .expect("application migrator");
+    // On this error sqlx returns without releasing its session advisory lock: on a connection of
+    // the shared pool, the next migrator would wait for it. Refuse on a pool of its own, closed.
+    let strict_pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&db)
+        .await
+        .expect("sqlx pool");
     let err = strict
-        .run(&pool)
+        .run(&strict_pool)
         .await
         .expect_err("sqlx refuses versions it does not know");
+    strict_pool.close().await;
     assert!(
         matches!(err, sqlx::migrate::MigrateError::VersionMissing(v) if v == sqlx_versions()[0]),
         "{err:?}"
