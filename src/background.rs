@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::RelayConfig;
 use crate::health::Health;
 use crate::metrics::Metrics;
+use crate::ops::Progress;
 
 /// Refreshes the pending / oldest-age / dead-letter gauges every `stats_interval` (not per batch:
 /// the count is a scan of the pending index) and records whether the database answers.
@@ -98,31 +99,49 @@ pub(crate) async fn retention(
                 }
             };
         if let Some(older_than) = config.retention {
-            let deleted =
-                crate::ops::cleanup_in(&mut client, schema, older_than, RETENTION_BATCH).await;
-            record(&metrics, "outbox_events", deleted);
-        }
-        if let Some(older_than) = config.processed_events_retention {
-            let deleted = crate::ops::cleanup_processed_events_in(
+            let table = "outbox_events";
+            let mut count = counter(&metrics, table);
+            let deleted = crate::ops::cleanup_in_with_progress(
                 &mut client,
                 schema,
                 older_than,
                 RETENTION_BATCH,
+                &mut count,
             )
             .await;
-            record(&metrics, "processed_events", deleted);
+            log(table, deleted);
+        }
+        if let Some(older_than) = config.processed_events_retention {
+            let table = "processed_events";
+            let mut count = counter(&metrics, table);
+            let deleted = crate::ops::cleanup_processed_events_in_with_progress(
+                &mut client,
+                schema,
+                older_than,
+                RETENTION_BATCH,
+                &mut count,
+            )
+            .await;
+            log(table, deleted);
         }
     }
 }
 
-/// Logs and counts what one retention run of `table` deleted.
-fn record(metrics: &Metrics, table: &'static str, deleted: crate::error::Result<u64>) {
+/// Counts the rows of `table` deleted by each committed batch as it commits, so that a round
+/// failing part-way still counts what it deleted.
+fn counter<'a>(metrics: &'a Metrics, table: &'static str) -> impl FnMut(Progress) + 'a {
+    let mut counted = 0;
+    move |progress: Progress| {
+        metrics.count_retention_deleted(table, progress.rows - counted);
+        counted = progress.rows;
+    }
+}
+
+/// Logs what one retention round of `table` deleted (counted batch by batch by [`counter`]).
+fn log(table: &'static str, deleted: crate::error::Result<u64>) {
     match deleted {
         Ok(0) => {}
-        Ok(n) => {
-            metrics.count_retention_deleted(table, n);
-            tracing::info!(table, deleted = n, "retention cleanup");
-        }
+        Ok(n) => tracing::info!(table, deleted = n, "retention cleanup"),
         Err(e) => tracing::warn!(table, error = %e, "retention cleanup failed"),
     }
 }

@@ -337,3 +337,47 @@ fn relay_options_from_the_environment_are_checked() {
         assert!(err.contains(flag), "{var}={value}: {err}");
     }
 }
+
+/// A retention round that fails part-way still counts the batches it committed: here the second
+/// batch of `processed_events` fails (a trigger refuses deletions after the 1,500th), so 1,000
+/// rows are gone and counted, and the rest stay.
+#[tokio::test]
+async fn a_retention_round_failing_part_way_counts_what_it_deleted() {
+    let env = Env::new().await;
+    let client = env.client().await;
+    seed_processed(&client, 2500, 0).await;
+    client
+        .batch_execute(
+            "CREATE SEQUENCE deletions;
+             CREATE FUNCTION refuse_after_1500() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF nextval('deletions') > 1500 THEN
+                     RAISE EXCEPTION 'no more deletions';
+                 END IF;
+                 RETURN OLD;
+             END $$;
+             CREATE TRIGGER refuse_after_1500 BEFORE DELETE ON processed_events
+                 FOR EACH ROW EXECUTE FUNCTION refuse_after_1500();",
+        )
+        .await
+        .expect("trigger");
+    let addr = free_addr();
+    let mut config = env.config();
+    config.metrics_addr = Some(addr);
+    config.processed_events_retention = Some(Duration::from_secs(10));
+    let relay = env.spawn(config).await;
+    wait_until(
+        "the committed batch counted",
+        Duration::from_secs(30),
+        || async {
+            http_get(addr, "/metrics").await.is_some_and(|(_, body)| {
+                body.contains(
+                    "outbox_retention_deleted_rows_total{table=\"processed_events\"} 1000",
+                )
+            })
+        },
+    )
+    .await;
+    relay.stop().await;
+    assert_eq!(count_processed(&client, "true").await, 1500);
+}
