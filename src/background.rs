@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::RelayConfig;
 use crate::health::Health;
 use crate::metrics::Metrics;
-use crate::ops::Progress;
+use crate::ops::{self, Progress};
 
 /// Refreshes the pending / oldest-age / dead-letter gauges every `stats_interval` (not per batch:
 /// the count is a scan of the pending index) and records whether the database answers.
@@ -98,30 +98,24 @@ pub(crate) async fn retention(
                     continue;
                 }
             };
-        if let Some(older_than) = config.retention {
-            let table = "outbox_events";
+        let rounds = [
+            ("outbox_events", config.retention),
+            ("processed_events", config.processed_events_retention),
+        ];
+        for (table, older_than) in rounds {
+            let Some(older_than) = older_than else {
+                continue;
+            };
             let mut count = counter(&metrics, table);
-            let deleted = crate::ops::cleanup_in_with_progress(
-                &mut client,
-                schema,
-                older_than,
-                RETENTION_BATCH,
-                &mut count,
-            )
-            .await;
-            log(table, deleted);
-        }
-        if let Some(older_than) = config.processed_events_retention {
-            let table = "processed_events";
-            let mut count = counter(&metrics, table);
-            let deleted = crate::ops::cleanup_processed_events_in_with_progress(
-                &mut client,
-                schema,
-                older_than,
-                RETENTION_BATCH,
-                &mut count,
-            )
-            .await;
+            let (client, batch) = (&mut client, RETENTION_BATCH);
+            let deleted = if table == "outbox_events" {
+                ops::cleanup_in_with_progress(client, schema, older_than, batch, &mut count).await
+            } else {
+                ops::cleanup_processed_events_in_with_progress(
+                    client, schema, older_than, batch, &mut count,
+                )
+                .await
+            };
             log(table, deleted);
         }
     }
