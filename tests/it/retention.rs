@@ -381,3 +381,44 @@ async fn a_retention_round_failing_part_way_counts_what_it_deleted() {
     relay.stop().await;
     assert_eq!(count_processed(&client, "true").await, 1500);
 }
+
+/// `--retention`: the relay deletes outbox rows processed longer ago, in batches, counts them, and
+/// leaves pending rows, young processed rows and dead letters alone.
+#[tokio::test]
+async fn the_relay_deletes_old_outbox_rows_periodically() {
+    let env = Env::new().await;
+    let client = env.client().await;
+    seed_outbox(&client, 2300).await;
+    client
+        .batch_execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, processed_at)
+             VALUES ('order', 'young', 'order.created', '{}', now());
+             INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, dead_lettered_at, created_at)
+             VALUES ('order', 'dead', 'order.created', '{}', now() - interval '10 days', now() - interval '10 days');",
+        )
+        .await
+        .expect("seed young and dead rows");
+    let addr = free_addr();
+    let mut config = env.config();
+    config.metrics_addr = Some(addr);
+    config.retention = Some(Duration::from_secs(10));
+    let relay = env.spawn(config).await;
+    wait_until(
+        "old outbox rows deleted and counted",
+        Duration::from_secs(30),
+        || async {
+            http_get(addr, "/metrics").await.is_some_and(|(_, body)| {
+                body.contains("outbox_retention_deleted_rows_total{table=\"outbox_events\"} 2300")
+            })
+        },
+    )
+    .await;
+    relay.stop().await;
+    assert_eq!(env.count("aggregate_id LIKE 'c%'").await, 0);
+    assert_eq!(env.count("aggregate_id = 'young'").await, 1);
+    assert_eq!(
+        env.count("aggregate_id = 'dead'").await,
+        1,
+        "dead letters stay"
+    );
+}
