@@ -44,6 +44,23 @@ pub async fn process_once<C: GenericClient + Sync>(client: &C, event_id: Uuid) -
 
 /// Reads the outbox id of a message published by the relay, whichever header format it was
 /// published in: `Outbox-Event-Id`, else CloudEvents' `ce-id`.
+///
+/// ```
+/// use outbox_relay::consumer;
+///
+/// // As published with `--headers cloudevents`:
+/// let mut headers = async_nats::HeaderMap::new();
+/// headers.insert("ce-id", "0b6f7c52-8f9e-4f4e-9d59-3f1c2a8b7e10");
+/// headers.insert("ce-type", "order.created");
+/// headers.insert("ce-subject", "42");
+/// let id = consumer::event_id(Some(&headers)).expect("an outbox id");
+/// assert_eq!(id.to_string(), "0b6f7c52-8f9e-4f4e-9d59-3f1c2a8b7e10");
+/// assert_eq!(consumer::event_type(Some(&headers)), Some("order.created"));
+/// assert_eq!(consumer::aggregate_id(Some(&headers)), Some("42"));
+///
+/// // A message from elsewhere has none.
+/// assert_eq!(consumer::event_id(None), None);
+/// ```
 pub fn event_id(headers: Option<&async_nats::HeaderMap>) -> Option<Uuid> {
     first_of(headers, &[HEADER_EVENT_ID, CE_ID]).and_then(|v| Uuid::parse_str(v).ok())
 }

@@ -9,7 +9,8 @@
 //!   subject/header rules both obey. [`wire`]: the header names consumers read.
 //! - [`writer`]: `enqueue` / `enqueue_many`, for any tokio-postgres `GenericClient`; `sqlx`
 //!   (feature `sqlx`): the same for sqlx executors.
-//! - [`consumer`]: `process_once` for idempotent consumers.
+//! - [`consumer`]: `process_once` for idempotent consumers; `event_id`, `aggregate_id` and
+//!   `event_type` read a message's headers in either format (`Outbox-*` or CloudEvents).
 //! - [`migrate`]: the versioned schema in `sql/migrations`, also as scripts for other migration
 //!   tools; `sqlx::migrator` (feature `sqlx`): the same as a sqlx `Migrator`.
 //! - [`config`]: `RelayConfig` with defaults and `validate()`.
@@ -28,10 +29,11 @@
 //! - `store`: every relay query against PostgreSQL (`sql/queries`); `publisher`: everything NATS;
 //!   `subject`: the subject template, parsed at start and rendered per row.
 //! - `listener`: LISTEN/NOTIFY, reconnects, arming of the notify trigger.
-//! - `http`: `/metrics`, `/healthz`, `/readyz`; `background`: gauges and `--retention` cleanup.
+//! - `http`: `/metrics`, `/healthz`, `/readyz`; `background`: gauges and the retention of
+//!   `outbox_events` and `processed_events`.
 //! - `db`, `tls`: connections, libpq connection strings, `sslmode` over rustls; `timestamp`:
-//!   PostgreSQL timestamps of any value without panics; `otel` (feature `otel`): trace context
-//!   from the current tracing span.
+//!   PostgreSQL timestamps of any value without panics; `otel` (feature `otel`): the writer's
+//!   trace context through the global propagator and the relay's PRODUCER span per publish.
 //!
 //! See docs/ARCHITECTURE.md for how the pieces fit.
 
