@@ -1,6 +1,7 @@
 //! The NATS side: connecting, checking the stream, and publishing claimed events to JetStream.
 //! The relay loop sees [`Outcome`]s, never async-nats types.
 
+use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream::{self, context::PublishErrorKind, stream};
@@ -318,14 +319,17 @@ impl Publisher {
         self.client.connection_state() == async_nats::connection::State::Connected
     }
 
-    /// The subjects of the stream, when JetStream answers a lookup of it (`None`: it does not).
-    /// Tells a broker outage or a leader change from an event routed where no stream listens.
-    async fn probe(&self) -> Option<Vec<String>> {
-        let lookup = self.js.get_stream(&self.stream);
-        match tokio::time::timeout(self.timeout, lookup).await {
-            Ok(Ok(stream)) => Some(stream.cached_info().config.subjects.clone()),
-            _ => None,
-        }
+    /// Whether JetStream knows a stream capturing `subject` (asked of the JetStream API, which the
+    /// meta leader answers from the streams' assignments, also while a stream has no leader).
+    async fn coverage(&self, subject: String) -> (String, Coverage) {
+        use jetstream::context::GetStreamByNameErrorKind as K;
+        let lookup = self.js.stream_by_subject(subject.clone());
+        let coverage = match tokio::time::timeout(self.timeout, lookup).await {
+            Ok(Ok(_)) => Coverage::Covered,
+            Ok(Err(e)) if matches!(e.kind(), K::NotFound) => Coverage::Uncovered,
+            _ => Coverage::Unknown,
+        };
+        (subject, coverage)
     }
 
     /// The event's subject under the template; an error (the row's) when its values make none.
@@ -337,21 +341,38 @@ impl Publisher {
     /// at a time in order, stopping at the first failure so an aggregate's order survives retries.
     pub async fn publish(&self, groups: &[Vec<OutboxEvent>]) -> Vec<Vec<Outcome>> {
         let mut outcomes = join_all(groups.iter().map(|group| self.publish_group(group))).await;
-        // "No responders" means no stream listens on the subject, JetStream is not answering at
-        // all, or the stream that listens has no leader for a moment (a node died). Only the
-        // first is the event's fault: one lookup of the stream tells them apart.
-        let no_stream = |o: &Outcome| matches!(o, Outcome::Failed(f) if f.no_responders);
-        if outcomes.iter().flatten().any(no_stream) {
-            let subjects = self.probe().await;
-            for (group, outcomes) in groups.iter().zip(outcomes.iter_mut()) {
-                for (event, outcome) in group.iter().zip(outcomes.iter_mut()) {
-                    if let Outcome::Failed(f) = outcome {
-                        if f.no_responders {
-                            f.kind =
-                                no_responders_kind(subjects.as_deref(), &self.subject_shown(event));
-                            // The send span is still open (the failure holds it).
-                            trace_failure(&f.span, f.kind, &f.message);
-                        }
+        // "No responders" means no stream captures the subject, JetStream is not answering at
+        // all, or the stream that captures it has no leader for a moment (a node died). Only the
+        // first is the event's fault: a lookup per subject tells them apart.
+        let mut failed_subjects: Vec<String> = groups
+            .iter()
+            .zip(&outcomes)
+            .flat_map(|(group, outcomes)| group.iter().zip(outcomes))
+            .filter(|(_, o)| matches!(o, Outcome::Failed(f) if f.no_responders))
+            .map(|(event, _)| self.subject_shown(event))
+            .collect();
+        if failed_subjects.is_empty() {
+            return outcomes;
+        }
+        failed_subjects.sort();
+        failed_subjects.dedup();
+        let coverage: HashMap<String, Coverage> =
+            join_all(failed_subjects.into_iter().map(|s| self.coverage(s)))
+                .await
+                .into_iter()
+                .collect();
+        for (group, outcomes) in groups.iter().zip(outcomes.iter_mut()) {
+            for (event, outcome) in group.iter().zip(outcomes.iter_mut()) {
+                if let Outcome::Failed(f) = outcome {
+                    if f.no_responders {
+                        let subject = self.subject_shown(event);
+                        f.kind = coverage
+                            .get(&subject)
+                            .copied()
+                            .unwrap_or(Coverage::Unknown)
+                            .blame();
+                        // The send span is still open (the failure holds it).
+                        trace_failure(&f.span, f.kind, &f.message);
                     }
                 }
             }
@@ -544,16 +565,23 @@ fn outgoing_trace_headers(_: &tracing::Span) -> Vec<(String, String)> {
 #[cfg(not(feature = "otel"))]
 fn trace_failure(_: &tracing::Span, _: FailureKind, _: &str) {}
 
-/// Whose fault "no responders" to a publish on `subject` is, given the stream's subjects when
-/// JetStream answered a lookup of it: the event's only when the stream answers and none of its
-/// subjects covers the event's subject (routed where no stream listens). A stream that covers the
-/// subject and still did not answer is between leaders: the broker's trouble, like no answer.
-fn no_responders_kind(stream_subjects: Option<&[String]>, subject: &str) -> FailureKind {
-    match stream_subjects {
-        Some(filters) if !filters.iter().any(|f| crate::subject::matches(f, subject)) => {
-            FailureKind::Rejected
+/// What JetStream said about a subject that met "no responders".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Coverage {
+    /// A stream captures it: that stream is between leaders (the broker's trouble).
+    Covered,
+    /// JetStream answered and no stream captures it: the event is routed where nothing listens.
+    Uncovered,
+    /// JetStream did not answer: an outage.
+    Unknown,
+}
+
+impl Coverage {
+    fn blame(self) -> FailureKind {
+        match self {
+            Coverage::Uncovered => FailureKind::Rejected,
+            Coverage::Covered | Coverage::Unknown => FailureKind::Broker,
         }
-        _ => FailureKind::Broker,
     }
 }
 
@@ -675,27 +703,9 @@ mod tests {
 
     #[test]
     fn no_responders_blame_the_event_only_where_no_stream_listens() {
-        let subjects = vec!["outbox.>".to_string(), "audit.*".to_string()];
-        // The stream covers the subject and did not answer: between leaders.
-        assert_eq!(
-            no_responders_kind(Some(&subjects), "outbox.order.created"),
-            FailureKind::Broker
-        );
-        assert_eq!(
-            no_responders_kind(Some(&subjects), "audit.x"),
-            FailureKind::Broker
-        );
-        // JetStream did not answer the lookup: an outage.
-        assert_eq!(no_responders_kind(None, "elsewhere.x"), FailureKind::Broker);
-        // It answered and no subject of its covers the event's: routed where no stream listens.
-        assert_eq!(
-            no_responders_kind(Some(&subjects), "elsewhere.order.created"),
-            FailureKind::Rejected
-        );
-        assert_eq!(
-            no_responders_kind(Some(&subjects), "audit.x.y"),
-            FailureKind::Rejected
-        );
+        assert_eq!(Coverage::Uncovered.blame(), FailureKind::Rejected);
+        assert_eq!(Coverage::Covered.blame(), FailureKind::Broker);
+        assert_eq!(Coverage::Unknown.blame(), FailureKind::Broker);
     }
 
     #[test]

@@ -186,47 +186,10 @@ fn check_subject(subject: &str) -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// Does the NATS subject `filter` (`*` one token, `>` one or more trailing tokens) cover
-/// `subject`?
-pub(crate) fn matches(filter: &str, subject: &str) -> bool {
-    let mut tokens = subject.split('.');
-    for want in filter.split('.') {
-        match (want, tokens.next()) {
-            (">", Some(_)) => return true,
-            ("*", Some(_)) => {}
-            (want, Some(got)) if want == got => {}
-            _ => return false,
-        }
-    }
-    tokens.next().is_none()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::error::field_of;
-
-    #[test]
-    fn filters_cover_subjects_as_nats_does() {
-        for (filter, subject, covered) in [
-            ("outbox.>", "outbox.order.created", true),
-            ("outbox.>", "outbox.x", true),
-            ("outbox.>", "outbox", false),
-            ("outbox.*", "outbox.created", true),
-            ("outbox.*", "outbox.order.created", false),
-            ("outbox.*.created", "outbox.order.created", true),
-            ("outbox.*.created", "outbox.order.deleted", false),
-            ("outbox.order.created", "outbox.order.created", true),
-            ("outbox.order", "outbox.order.created", false),
-            ("outbox.order.created", "outbox.order", false),
-            (">", "anything.at.all", true),
-            ("*", "one", true),
-            ("*", "one.two", false),
-            ("other.>", "outbox.order.created", false),
-        ] {
-            assert_eq!(matches(filter, subject), covered, "{filter} ~ {subject}");
-        }
-    }
 
     fn event(aggregate_type: &str, aggregate_id: &str, event_type: &str) -> OutboxEvent {
         OutboxEvent {

@@ -238,15 +238,25 @@ async fn routing_flags_are_checked_at_start() {
     }
 }
 
-/// A template that sends some events where no stream listens: JetStream answers "no responders"
-/// for them while the stream answers lookups and its subjects do not cover theirs, so they are
-/// the events' fault (dead-lettered after --max-attempts, their aggregates only); the events the
-/// stream covers go out. (The other "no responders", a stream between leaders, is the broker's:
-/// see `cluster::stream_leader_killed_mid_drain_spends_no_attempts`.)
+/// A template that routes into two streams and, for one event, where no stream listens: JetStream
+/// answers "no responders" for that one and a lookup by subject finds no stream, so it is the
+/// event's fault (dead-lettered after --max-attempts, its aggregate only); the others go to the
+/// stream that captures each. (The other "no responders", a stream between leaders, is the
+/// broker's: see `cluster::stream_leader_killed_mid_drain_spends_no_attempts`.)
 #[tokio::test]
 async fn events_routed_where_no_stream_listens_are_dead_lettered() {
     let env = Env::new().await; // stream OUTBOX on outbox.>
+    env.js()
+        .await
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: "BILLING".into(),
+            subjects: vec!["billing.>".into()],
+            ..Default::default()
+        })
+        .await
+        .expect("second stream");
     let covered = insert(&env, "outbox", "o-1", "created").await;
+    let billed = insert(&env, "billing", "b-1", "created").await;
     let stray = insert(&env, "audit", "a-1", "created").await;
     let relay = env
         .spawn(RelayConfig {
@@ -266,6 +276,10 @@ async fn events_routed_where_no_stream_listens_are_dead_lettered() {
     assert_eq!(stored.len(), 1);
     assert_eq!(stored[0].headers["Outbox-Event-Id"], covered);
     assert_eq!(stored[0].subject, "outbox.created");
+    let billing = testkit::outbox::read_stream(&env.js().await, "BILLING").await;
+    assert_eq!(billing.len(), 1);
+    assert_eq!(billing[0].headers["Outbox-Event-Id"], billed);
+    assert_eq!(billing[0].subject, "billing.created");
     let dead = env
         .client()
         .await
