@@ -361,23 +361,9 @@ async fn a_retention_round_failing_part_way_counts_what_it_deleted() {
         )
         .await
         .expect("trigger");
-    let addr = free_addr();
     let mut config = env.config();
-    config.metrics_addr = Some(addr);
     config.processed_events_retention = Some(Duration::from_secs(10));
-    let relay = env.spawn(config).await;
-    wait_until(
-        "the committed batch counted",
-        Duration::from_secs(30),
-        || async {
-            http_get(addr, "/metrics").await.is_some_and(|(_, body)| {
-                body.contains(
-                    "outbox_retention_deleted_rows_total{table=\"processed_events\"} 1000",
-                )
-            })
-        },
-    )
-    .await;
+    let relay = run_until_counted(&env, config, "processed_events", 1000).await;
     relay.stop().await;
     assert_eq!(count_processed(&client, "true").await, 1500);
 }
@@ -398,21 +384,9 @@ async fn the_relay_deletes_old_outbox_rows_periodically() {
         )
         .await
         .expect("seed young and dead rows");
-    let addr = free_addr();
     let mut config = env.config();
-    config.metrics_addr = Some(addr);
     config.retention = Some(Duration::from_secs(10));
-    let relay = env.spawn(config).await;
-    wait_until(
-        "old outbox rows deleted and counted",
-        Duration::from_secs(30),
-        || async {
-            http_get(addr, "/metrics").await.is_some_and(|(_, body)| {
-                body.contains("outbox_retention_deleted_rows_total{table=\"outbox_events\"} 2300")
-            })
-        },
-    )
-    .await;
+    let relay = run_until_counted(&env, config, "outbox_events", 2300).await;
     relay.stop().await;
     assert_eq!(env.count("aggregate_id LIKE 'c%'").await, 0);
     assert_eq!(env.count("aggregate_id = 'young'").await, 1);
@@ -421,4 +395,29 @@ async fn the_relay_deletes_old_outbox_rows_periodically() {
         1,
         "dead letters stay"
     );
+}
+
+/// Starts a relay with `config` and a metrics listener; returns it once
+/// `outbox_retention_deleted_rows_total{table}` reads `rows`.
+async fn run_until_counted(
+    env: &Env,
+    mut config: outbox_relay::RelayConfig,
+    table: &str,
+    rows: u64,
+) -> testkit::outbox::RunningRelay {
+    let addr = free_addr();
+    config.metrics_addr = Some(addr);
+    let relay = env.spawn(config).await;
+    let sample = format!("outbox_retention_deleted_rows_total{{table=\"{table}\"}} {rows}");
+    wait_until(
+        "retention deletions counted",
+        Duration::from_secs(30),
+        || async {
+            http_get(addr, "/metrics")
+                .await
+                .is_some_and(|(_, body)| body.contains(&sample))
+        },
+    )
+    .await;
+    relay
 }
