@@ -356,6 +356,10 @@ impl Publisher {
         }
         failed_subjects.sort();
         failed_subjects.dedup();
+        // Bounded: a template with `{aggregate_id}` can fail on a thousand subjects at once, and
+        // the lookups go to a JetStream that may be electing leaders. A subject left out counts
+        // as the broker's (no attempt) and is looked up when it fails again with fewer others.
+        failed_subjects.truncate(MAX_COVERAGE_LOOKUPS);
         let coverage: HashMap<String, Coverage> =
             join_all(failed_subjects.into_iter().map(|s| self.coverage(s)))
                 .await
@@ -564,6 +568,9 @@ fn outgoing_trace_headers(_: &tracing::Span) -> Vec<(String, String)> {
 
 #[cfg(not(feature = "otel"))]
 fn trace_failure(_: &tracing::Span, _: FailureKind, _: &str) {}
+
+/// At most this many subjects that met "no responders" are looked up per batch.
+const MAX_COVERAGE_LOOKUPS: usize = 16;
 
 /// What JetStream said about a subject that met "no responders".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -297,3 +297,37 @@ async fn events_routed_where_no_stream_listens_are_dead_lettered() {
         "last_error names the subject: {why}"
     );
 }
+
+/// More stray subjects in one batch than the relay looks up at once: the ones left out count as
+/// the broker's for that batch and are judged when they fail again, so every one of them is
+/// dead-lettered in the end, after exactly the attempts allowed.
+#[tokio::test]
+async fn many_stray_subjects_in_one_batch_are_all_judged() {
+    let env = Env::new().await;
+    let mut strays = Vec::new();
+    for n in 0..40 {
+        strays.push(insert(&env, &format!("stray{n}"), "s-1", "created").await);
+    }
+    let covered = insert(&env, "outbox", "o-1", "created").await;
+    let relay = env
+        .spawn(RelayConfig {
+            subject_template: Some("{aggregate_type}.{event_type}".into()),
+            max_attempts: 1,
+            ..env.config()
+        })
+        .await;
+    wait_until("every stray event dead-lettered", WAIT, || async {
+        env.count("dead_lettered_at IS NOT NULL").await == 40
+    })
+    .await;
+    relay.stop().await;
+    let stored = env.stored().await;
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].headers["Outbox-Event-Id"], covered);
+    assert_eq!(
+        env.count("dead_lettered_at IS NOT NULL AND attempts = 1")
+            .await,
+        40,
+        "one attempt each: no stray was blamed twice or dead-lettered as the broker's"
+    );
+}
