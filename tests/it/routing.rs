@@ -330,4 +330,16 @@ async fn many_stray_subjects_in_one_batch_are_all_judged() {
         40,
         "one attempt each: no stray was blamed twice or dead-lettered as the broker's"
     );
+    let mut dead: Vec<String> = env
+        .client()
+        .await
+        .query("SELECT id::text FROM outbox_dead_letters", &[])
+        .await
+        .expect("dead letters")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    dead.sort();
+    strays.sort();
+    assert_eq!(dead, strays);
 }
