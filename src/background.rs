@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::RelayConfig;
 use crate::health::Health;
 use crate::metrics::Metrics;
-use crate::ops::{self, Progress};
+use crate::ops::{self, Progress, Retained};
 
 /// Refreshes the pending / oldest-age / dead-letter gauges every `stats_interval` (not per batch:
 /// the count is a scan of the pending index) and records whether the database answers.
@@ -85,38 +85,47 @@ pub(crate) async fn retention(
     let schema = config.schema.as_deref();
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut client: Option<tokio_postgres::Client> = None;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let mut client =
-            match crate::db::connect(&config.database_url, "outbox-relay-cleanup").await {
-                Ok(client) => client,
+        // One connection kept between rounds (a new one when it broke).
+        if client
+            .as_ref()
+            .is_none_or(tokio_postgres::Client::is_closed)
+        {
+            client = match crate::db::connect(&config.database_url, "outbox-relay-cleanup").await {
+                Ok(c) => Some(c),
                 Err(e) => {
                     tracing::warn!(error = %e, "retention cleanup failed");
                     continue;
                 }
             };
+        }
+        let Some(client) = client.as_mut() else {
+            continue;
+        };
         let rounds = [
-            ("outbox_events", config.retention),
-            ("processed_events", config.processed_events_retention),
+            (Retained::OutboxEvents, config.retention),
+            (Retained::ProcessedEvents, config.processed_events_retention),
         ];
         for (table, older_than) in rounds {
             let Some(older_than) = older_than else {
                 continue;
             };
-            let mut count = counter(&metrics, table);
-            let (client, batch) = (&mut client, RETENTION_BATCH);
-            let deleted = if table == "outbox_events" {
-                ops::cleanup_in_with_progress(client, schema, older_than, batch, &mut count).await
-            } else {
-                ops::cleanup_processed_events_in_with_progress(
-                    client, schema, older_than, batch, &mut count,
-                )
-                .await
-            };
-            log(table, deleted);
+            let mut count = counter(&metrics, table.table());
+            let deleted = ops::cleanup_table_in(
+                client,
+                schema,
+                table,
+                older_than,
+                RETENTION_BATCH,
+                &mut count,
+            )
+            .await;
+            log(table.table(), deleted);
         }
     }
 }

@@ -316,40 +316,35 @@ async fn execute(cli: Cli) -> Result<(), Error> {
             dry_run,
         } => {
             let (mut client, schema) = connect(&cli).await?;
-            if let Some(older_than) = older_than {
+            // (table, its cutoff flag, what the lines call its rows, the spinner's message)
+            let tables = [
+                (ops::Retained::OutboxEvents, older_than, "rows", "deleting"),
+                (
+                    ops::Retained::ProcessedEvents,
+                    processed_events_older_than,
+                    "processed_events rows",
+                    "deleting processed_events",
+                ),
+            ];
+            for (table, older_than, what, doing) in tables {
+                let Some(older_than) = *older_than else {
+                    continue;
+                };
                 if *dry_run {
-                    let n = ops::cleanup_count_in(&mut client, schema, *older_than).await?;
-                    println!("would delete {n} rows (dry run)");
+                    let n = ops::cleanup_count_in(&mut client, schema, table, older_than).await?;
+                    println!("would delete {n} {what} (dry run)");
                 } else {
-                    let mut reporter = progress::Reporter::start("deleting");
-                    let result = ops::cleanup_in_with_progress(
+                    let mut reporter = progress::Reporter::start(doing);
+                    let result = ops::cleanup_table_in(
                         &mut client,
                         schema,
-                        *older_than,
+                        table,
+                        older_than,
                         *batch_size,
                         |p| reporter.update(p),
                     )
                     .await;
-                    summarize(reporter, result, "rows")?;
-                }
-            }
-            if let Some(older_than) = processed_events_older_than {
-                if *dry_run {
-                    let n =
-                        ops::cleanup_processed_events_count_in(&mut client, schema, *older_than)
-                            .await?;
-                    println!("would delete {n} processed_events rows (dry run)");
-                } else {
-                    let mut reporter = progress::Reporter::start("deleting processed_events");
-                    let result = ops::cleanup_processed_events_in_with_progress(
-                        &mut client,
-                        schema,
-                        *older_than,
-                        *batch_size,
-                        |p| reporter.update(p),
-                    )
-                    .await;
-                    summarize(reporter, result, "processed_events rows")?;
+                    summarize(reporter, result, what)?;
                 }
             }
             Ok(())
@@ -358,8 +353,6 @@ async fn execute(cli: Cli) -> Result<(), Error> {
     }
 }
 
-/// The connection of an operator command and its `--schema`. Each command checks the schema
-/// version in its own transaction (`ops::*_in`).
 /// The one summary line of a batched deletion (`deleted N <what> in ...`), or on an error how
 /// many rows were deleted before it.
 fn summarize(
@@ -380,6 +373,8 @@ fn summarize(
     }
 }
 
+/// The connection of an operator command and its `--schema`. Each command checks the schema
+/// version in its own transaction (`ops::*_in`).
 async fn connect(cli: &Cli) -> Result<(tokio_postgres::Client, Option<&str>), Error> {
     let url = raw_database_url(cli)?;
     let schema = schema(cli)?;

@@ -372,7 +372,7 @@ pub async fn retry_preview_in(
     Ok(candidates)
 }
 
-/// How far a batched operator command ([`cleanup_in_with_progress`],
+/// How far a batched operator command ([`cleanup_table_in`],
 /// [`retry_all_dead_letters_in`]) has come: reported after each committed batch, so that a
 /// caller can show progress (the CLI draws it on a terminal). Everything counted is committed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -405,9 +405,7 @@ pub async fn retry_all_dead_letters_in(
     batch_size: i64,
     mut on_batch: impl FnMut(Progress),
 ) -> Result<u64> {
-    if batch_size < 1 {
-        return Err(Error::config("batch_size", "must be at least 1"));
-    }
+    check_batch_size(batch_size)?;
     let mut progress = Progress::default();
     let mut after_seq = i64::MIN;
     loop {
@@ -442,6 +440,47 @@ pub async fn retry_all_dead_letters_in(
     }
 }
 
+/// A table the retention commands delete old rows from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Retained {
+    /// `outbox_events`: rows processed (or discarded) before the cutoff. Pending rows and dead
+    /// letters stay.
+    OutboxEvents,
+    /// `processed_events`, the idempotency records of [`crate::process_once`]: ids recorded
+    /// before the cutoff. A consumer handles a redelivery of such an event as a first delivery,
+    /// so the cutoff must be older than any redelivery can come (the stream's retention,
+    /// replays). Fast with the index of schema version 4 (`processed_at`); works without it,
+    /// scanning.
+    ProcessedEvents,
+}
+
+impl Retained {
+    /// The table's name (the `table` label of `outbox_retention_deleted_rows`).
+    pub fn table(self) -> &'static str {
+        match self {
+            Retained::OutboxEvents => "outbox_events",
+            Retained::ProcessedEvents => "processed_events",
+        }
+    }
+
+    /// The bounded delete: `$1` the cutoff (`timestamptz`), `$2` the row limit (`int8`).
+    fn delete_sql(self) -> &'static str {
+        match self {
+            Retained::OutboxEvents => CLEANUP,
+            Retained::ProcessedEvents => CLEANUP_PROCESSED_EVENTS,
+        }
+    }
+
+    /// How many rows the delete would take: `$1` the cutoff.
+    fn count_sql(self) -> &'static str {
+        match self {
+            Retained::OutboxEvents => CLEANUP_COUNT,
+            Retained::ProcessedEvents => CLEANUP_PROCESSED_EVENTS_COUNT,
+        }
+    }
+}
+
 /// Deletes rows processed (or discarded) more than `older_than` ago, `batch_size` rows per
 /// statement, each its own short transaction. Returns the number of rows deleted.
 pub async fn cleanup<C: GenericClient + Sync>(
@@ -449,69 +488,22 @@ pub async fn cleanup<C: GenericClient + Sync>(
     older_than: Duration,
     batch_size: i64,
 ) -> Result<u64> {
-    cleanup_batches(client, CLEANUP, older_than, batch_size).await
+    cleanup_table(client, Retained::OutboxEvents, older_than, batch_size).await
 }
 
-/// Deletes the `processed_events` rows (the idempotency records of [`crate::process_once`])
-/// recorded more than `older_than` ago, `batch_size` rows per statement. A consumer handles a
-/// redelivery of such an event as a first delivery, so `older_than` must be longer than any
-/// redelivery can come (the stream's retention, replays). Returns the number of rows deleted.
-///
-/// Fast with the index of schema version 4 (`processed_at`); works without it, scanning.
-pub async fn cleanup_processed_events<C: GenericClient + Sync>(
+/// Deletes the rows of `table` older than `older_than` (see [`Retained`]), `batch_size` rows per
+/// statement, until a statement deletes fewer. Returns the number of rows deleted.
+pub async fn cleanup_table<C: GenericClient + Sync>(
     client: &C,
+    table: Retained,
     older_than: Duration,
     batch_size: i64,
 ) -> Result<u64> {
-    cleanup_batches(client, CLEANUP_PROCESSED_EVENTS, older_than, batch_size).await
-}
-
-/// [`cleanup_processed_events`] in `schema`, each batch a transaction of its own, the schema
-/// version checked in the first (as [`cleanup_in`]).
-pub async fn cleanup_processed_events_in(
-    client: &mut Client,
-    schema: Option<&str>,
-    older_than: Duration,
-    batch_size: i64,
-) -> Result<u64> {
-    cleanup_processed_events_in_with_progress(client, schema, older_than, batch_size, |_| {}).await
-}
-
-/// [`cleanup_processed_events_in`], telling `on_batch` after each committed batch.
-pub async fn cleanup_processed_events_in_with_progress(
-    client: &mut Client,
-    schema: Option<&str>,
-    older_than: Duration,
-    batch_size: i64,
-    on_batch: impl FnMut(Progress),
-) -> Result<u64> {
-    let cutoff = cutoff(older_than);
-    delete_in_batches(
-        client,
-        schema,
-        CLEANUP_PROCESSED_EVENTS,
-        cutoff,
-        batch_size,
-        on_batch,
-    )
-    .await
-}
-
-/// Runs the bounded delete `sql` (`$1` cutoff, `$2` batch size) until a batch deletes fewer rows
-/// than `batch_size` (which must be at least 1, or that would never happen).
-async fn cleanup_batches<C: GenericClient + Sync>(
-    client: &C,
-    sql: &str,
-    older_than: Duration,
-    batch_size: i64,
-) -> Result<u64> {
-    if batch_size < 1 {
-        return Err(Error::config("batch_size", "must be at least 1"));
-    }
+    check_batch_size(batch_size)?;
     let cutoff = cutoff(older_than);
     let mut total = 0;
     loop {
-        let n = cleanup_step(client, sql, cutoff, batch_size).await?;
+        let n = cleanup_step(client, table, cutoff, batch_size).await?;
         total += n;
         if n < batch_size as u64 {
             return Ok(total);
@@ -528,88 +520,38 @@ pub async fn cleanup_in(
     older_than: Duration,
     batch_size: i64,
 ) -> Result<u64> {
-    cleanup_in_with_progress(client, schema, older_than, batch_size, |_| {}).await
+    cleanup_table_in(
+        client,
+        schema,
+        Retained::OutboxEvents,
+        older_than,
+        batch_size,
+        |_| {},
+    )
+    .await
 }
 
-/// [`cleanup_in`], telling `on_batch` after each committed batch (for progress output). On an
-/// error the batches reported so far stay deleted.
-pub async fn cleanup_in_with_progress(
+/// [`cleanup_table`] in `schema` as [`cleanup_in`] runs it, telling `on_batch` after each
+/// committed batch (for progress output and counting). On an error the batches reported so far
+/// stay deleted.
+pub async fn cleanup_table_in(
     client: &mut Client,
     schema: Option<&str>,
+    table: Retained,
     older_than: Duration,
-    batch_size: i64,
-    on_batch: impl FnMut(Progress),
-) -> Result<u64> {
-    let cutoff = cutoff(older_than);
-    delete_in_batches(client, schema, CLEANUP, cutoff, batch_size, on_batch).await
-}
-
-/// How many rows [`cleanup_in`] with the same `older_than` would delete now, deleting nothing
-/// (`cleanup --dry-run`).
-pub async fn cleanup_count_in(
-    client: &mut Client,
-    schema: Option<&str>,
-    older_than: Duration,
-) -> Result<u64> {
-    count_older_in(client, schema, CLEANUP_COUNT, older_than).await
-}
-
-/// How many rows [`cleanup_processed_events_in`] with the same `older_than` would delete now,
-/// deleting nothing (`cleanup --processed-events-older-than ... --dry-run`).
-pub async fn cleanup_processed_events_count_in(
-    client: &mut Client,
-    schema: Option<&str>,
-    older_than: Duration,
-) -> Result<u64> {
-    count_older_in(client, schema, CLEANUP_PROCESSED_EVENTS_COUNT, older_than).await
-}
-
-/// Runs the count `sql` (`$1` the cutoff) in a checked transaction in `schema`.
-async fn count_older_in(
-    client: &mut Client,
-    schema: Option<&str>,
-    sql: &str,
-    older_than: Duration,
-) -> Result<u64> {
-    let cutoff = cutoff(older_than);
-    let tx = checked_transaction_in(client, schema).await?;
-    let n: i64 = tx
-        .query_typed_one(sql, &[(&cutoff, Type::TIMESTAMPTZ)])
-        .await?
-        .try_get(0)?;
-    tx.commit().await?;
-    Ok(u64::try_from(n).unwrap_or(0))
-}
-
-/// Runs `sql`, a bounded statement taking `$1` a cutoff (`timestamptz`) and `$2` a row limit
-/// (`int8`), until it changes fewer than `batch_size` rows: each run a transaction of its own in
-/// `schema` (the version checked in the first), reported to `on_batch` once committed. Returns
-/// the rows changed. Shared by the retention commands, whatever table they delete from.
-async fn delete_in_batches(
-    client: &mut Client,
-    schema: Option<&str>,
-    sql: &str,
-    cutoff: SystemTime,
     batch_size: i64,
     mut on_batch: impl FnMut(Progress),
 ) -> Result<u64> {
-    if batch_size < 1 {
-        return Err(Error::config("batch_size", "must be at least 1"));
-    }
+    check_batch_size(batch_size)?;
+    let cutoff = cutoff(older_than);
     let mut progress = Progress::default();
-    let mut first = true;
     loop {
-        let tx = transaction_in(client, schema).await?;
-        if first {
-            check_schema(&tx).await?;
-            first = false;
-        }
-        let n = tx
-            .execute_typed(
-                sql,
-                &[(&cutoff, Type::TIMESTAMPTZ), (&batch_size, Type::INT8)],
-            )
-            .await?;
+        let tx = if progress.batches == 0 {
+            checked_transaction_in(client, schema).await?
+        } else {
+            transaction_in(client, schema).await?
+        };
+        let n = cleanup_step(&tx, table, cutoff, batch_size).await?;
         tx.commit().await?;
         if n > 0 {
             progress.add_batch(n);
@@ -621,6 +563,33 @@ async fn delete_in_batches(
     }
 }
 
+/// How many rows [`cleanup_table_in`] with the same `table` and `older_than` would delete now,
+/// deleting nothing (`cleanup --dry-run`).
+pub async fn cleanup_count_in(
+    client: &mut Client,
+    schema: Option<&str>,
+    table: Retained,
+    older_than: Duration,
+) -> Result<u64> {
+    let cutoff = cutoff(older_than);
+    let tx = checked_transaction_in(client, schema).await?;
+    let n: i64 = tx
+        .query_typed_one(table.count_sql(), &[(&cutoff, Type::TIMESTAMPTZ)])
+        .await?
+        .try_get(0)?;
+    tx.commit().await?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
+/// Batched commands stop at the first batch smaller than `batch_size`: below 1 that would never
+/// happen.
+fn check_batch_size(batch_size: i64) -> Result<()> {
+    if batch_size < 1 {
+        return Err(Error::config("batch_size", "must be at least 1"));
+    }
+    Ok(())
+}
+
 fn cutoff(older_than: Duration) -> SystemTime {
     SystemTime::now()
         .checked_sub(older_than)
@@ -629,13 +598,13 @@ fn cutoff(older_than: Duration) -> SystemTime {
 
 async fn cleanup_step<C: GenericClient + Sync>(
     client: &C,
-    sql: &str,
+    table: Retained,
     cutoff: SystemTime,
     batch_size: i64,
 ) -> Result<u64> {
     Ok(client
         .execute_typed(
-            sql,
+            table.delete_sql(),
             &[(&cutoff, Type::TIMESTAMPTZ), (&batch_size, Type::INT8)],
         )
         .await?)
