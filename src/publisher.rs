@@ -60,8 +60,9 @@ pub enum Outcome {
 pub struct Failure {
     pub kind: FailureKind,
     pub message: String,
-    /// JetStream did not answer on the subject: settled by a probe after the batch.
-    no_responders: bool,
+    /// The subject nobody answered on ("no responders"): whose fault that is is settled by a
+    /// lookup after the batch (see [`Publisher::publish`]).
+    no_responders: Option<String>,
     /// The event's send span (disabled unless traced): what is logged about this failure is logged
     /// inside it, so that the log lines and span events belong to the send.
     pub span: tracing::Span,
@@ -72,7 +73,7 @@ impl Failure {
         Failure {
             kind,
             message: message.into(),
-            no_responders: false,
+            no_responders: None,
             span: tracing::Span::none(),
         }
     }
@@ -344,40 +345,37 @@ impl Publisher {
         // "No responders" means no stream captures the subject, JetStream is not answering at
         // all, or the stream that captures it has no leader for a moment (a node died). Only the
         // first is the event's fault: a lookup per subject tells them apart.
-        let mut failed_subjects: Vec<String> = groups
+        let mut failed_subjects: Vec<&str> = outcomes
             .iter()
-            .zip(&outcomes)
-            .flat_map(|(group, outcomes)| group.iter().zip(outcomes))
-            .filter(|(_, o)| matches!(o, Outcome::Failed(f) if f.no_responders))
-            .map(|(event, _)| self.subject_shown(event))
+            .flatten()
+            .filter_map(|o| match o {
+                Outcome::Failed(f) => f.no_responders.as_deref(),
+                _ => None,
+            })
             .collect();
         if failed_subjects.is_empty() {
             return outcomes;
         }
-        failed_subjects.sort();
+        failed_subjects.sort_unstable();
         failed_subjects.dedup();
         // Bounded: a template with `{aggregate_id}` can fail on a thousand subjects at once, and
         // the lookups go to a JetStream that may be electing leaders. A subject left out counts
         // as the broker's (no attempt) and is looked up when it fails again with fewer others.
         failed_subjects.truncate(MAX_COVERAGE_LOOKUPS);
-        let coverage: HashMap<String, Coverage> =
-            join_all(failed_subjects.into_iter().map(|s| self.coverage(s)))
-                .await
-                .into_iter()
-                .collect();
-        for (group, outcomes) in groups.iter().zip(outcomes.iter_mut()) {
-            for (event, outcome) in group.iter().zip(outcomes.iter_mut()) {
-                if let Outcome::Failed(f) = outcome {
-                    if f.no_responders {
-                        let subject = self.subject_shown(event);
-                        f.kind = coverage
-                            .get(&subject)
-                            .copied()
-                            .unwrap_or(Coverage::Unknown)
-                            .blame();
-                        // The send span is still open (the failure holds it).
-                        trace_failure(&f.span, f.kind, &f.message);
-                    }
+        let lookups = failed_subjects
+            .into_iter()
+            .map(|s| self.coverage(s.to_string()));
+        let coverage: HashMap<String, Coverage> = join_all(lookups).await.into_iter().collect();
+        for outcome in outcomes.iter_mut().flatten() {
+            if let Outcome::Failed(f) = outcome {
+                if let Some(subject) = &f.no_responders {
+                    f.kind = coverage
+                        .get(subject)
+                        .copied()
+                        .unwrap_or(Coverage::Unknown)
+                        .blame();
+                    // The send span is still open (the failure holds it).
+                    trace_failure(&f.span, f.kind, &f.message);
                 }
             }
         }
@@ -417,7 +415,7 @@ impl Publisher {
             Outcome::Failed(mut f) => {
                 // "No responders" is judged in `publish`, which records it then: an attribute
                 // recorded twice would be exported twice.
-                if !f.no_responders {
+                if f.no_responders.is_none() {
                     trace_failure(&span, f.kind, &f.message);
                 }
                 f.span = span;
@@ -484,16 +482,14 @@ impl Publisher {
                     event.payload.len()
                 ),
             ),
-            PublishErrorKind::StreamNotFound => Failure {
-                no_responders: true,
-                ..Failure::new(
-                    FailureKind::Broker,
-                    format!(
-                        "no JetStream stream listens on subject {}",
-                        self.subject_shown(event)
-                    ),
-                )
-            },
+            PublishErrorKind::StreamNotFound => {
+                let subject = self.subject_shown(event);
+                Failure {
+                    message: format!("no JetStream stream listens on subject {subject}"),
+                    no_responders: Some(subject),
+                    ..Failure::new(FailureKind::Broker, "")
+                }
+            }
             // Expected-* headers are refused before publishing, so these are the event's own.
             PublishErrorKind::WrongLastMessageId | PublishErrorKind::WrongLastSequence => {
                 Failure::new(FailureKind::Rejected, e.to_string())
