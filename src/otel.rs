@@ -133,8 +133,9 @@ pub(crate) fn outgoing_headers(span: &tracing::Span) -> Vec<(String, String)> {
     inject(&cx)
 }
 
-/// Marks the send span as failed, with why and `error.type` (the class of failure as the relay
-/// first saw it: `invalid`, `too_large`, `rejected`, `timeout` or `broker`).
+/// Marks the send span as failed, with why and `error.type` (the verdict on the failure:
+/// `invalid`, `too_large`, `rejected`, `timeout` or `broker`). Call it once per span: a field
+/// recorded again is exported twice.
 pub(crate) fn record_failure(span: &tracing::Span, kind: FailureKind, message: &str) {
     if span.is_disabled() {
         return;

@@ -104,25 +104,24 @@ mod otlp {
     /// batch processor, the sampler and the resource read the other standard `OTEL_*` variables
     /// themselves.
     pub(super) fn provider() -> Result<Option<SdkTracerProvider>, String> {
-        let endpoint = env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-            .or_else(|| env("OTEL_EXPORTER_OTLP_ENDPOINT"))
-            .is_some();
+        let endpoint = signal_env(
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+        )
+        .is_some();
         let disabled = env("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"))
             || env("OTEL_TRACES_EXPORTER").is_some_and(|v| v.eq_ignore_ascii_case("none"));
         if !endpoint || disabled {
             return Ok(None);
         }
-        for var in [
+        if let Some((var, protocol)) = signal_env(
             "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
             "OTEL_EXPORTER_OTLP_PROTOCOL",
-        ] {
-            if let Some(protocol) = env(var) {
-                if protocol != "http/protobuf" {
-                    return Err(format!(
-                        "{var}: {protocol:?} is not supported; outbox-relay exports OTLP over http/protobuf"
-                    ));
-                }
-                break;
+        ) {
+            if protocol != "http/protobuf" {
+                return Err(format!(
+                    "{var}: {protocol:?} is not supported; outbox-relay exports OTLP over http/protobuf"
+                ));
             }
         }
         // reqwest's rustls takes the process's provider: the one the relay uses everywhere.
