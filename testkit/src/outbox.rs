@@ -165,6 +165,16 @@ impl Env {
         .await;
     }
 
+    /// Waits until `n` rows are dead-lettered (exactly: one more fails at once).
+    pub async fn wait_dead_letters(&self, n: i64, timeout: Duration) {
+        wait_until(&format!("{n} rows dead-lettered"), timeout, || async {
+            let dead = self.count("dead_lettered_at IS NOT NULL").await;
+            assert!(dead <= n, "{dead} rows dead-lettered, expected {n}");
+            dead == n
+        })
+        .await;
+    }
+
     /// Every message in the stream, in stream order.
     pub async fn stored(&self) -> Vec<Stored> {
         self.read_stream(false).await

@@ -514,12 +514,7 @@ async fn the_relay_binary_exports_producer_spans_in_the_writers_trace() {
     let relay = relay_exporting_to(&env, receiver, "json", &log_path);
 
     env.wait_stream_len(2, Duration::from_secs(20)).await;
-    wait_until(
-        "the poison row dead-lettered",
-        Duration::from_secs(20),
-        || async { env.count("dead_lettered_at IS NOT NULL").await == 1 },
-    )
-    .await;
+    env.wait_dead_letters(1, Duration::from_secs(20)).await;
     // SIGTERM: the relay flushes its spans before it exits.
     assert_eq!(relay.stop().await, None, "the relay exits cleanly");
     let exported = exported.lock().expect("lock").clone();
@@ -620,12 +615,7 @@ async fn text_log_lines_inside_a_send_span_end_with_its_ids() {
     let dir = tempfile::tempdir().expect("tempdir");
     let log_path = dir.path().join("relay.log");
     let relay = relay_exporting_to(&env, receiver, "text", &log_path);
-    wait_until(
-        "the poison row dead-lettered",
-        Duration::from_secs(20),
-        || async { env.count("dead_lettered_at IS NOT NULL").await == 1 },
-    )
-    .await;
+    env.wait_dead_letters(1, Duration::from_secs(20)).await;
     assert_eq!(relay.stop().await, None, "the relay exits cleanly");
     let (_, failed) = send_span_of(&exported.lock().expect("lock"), poison);
     assert_eq!(hex(&failed.trace_id), "33333333333333333333333333333333");
@@ -754,12 +744,7 @@ async fn a_send_span_records_the_verdict_on_no_responders() {
         ..env.config()
     };
     let spans = run_traced(config, async {
-        wait_until(
-            "the stray event dead-lettered",
-            Duration::from_secs(20),
-            || async { env.count("dead_lettered_at IS NOT NULL").await == 1 },
-        )
-        .await;
+        env.wait_dead_letters(1, Duration::from_secs(20)).await;
     })
     .await;
     let send = finished_send_span(&spans, id);

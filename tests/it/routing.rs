@@ -44,10 +44,7 @@ async fn subject_template_routes_by_fields_and_dead_letters_rows_that_make_no_su
         ],
     );
     // Dead-lettered by a relay that has created the stream (it checks the stream first).
-    wait_until("the bad row dead-lettered", WAIT, || async {
-        env.count("dead_lettered_at IS NOT NULL").await == 1
-    })
-    .await;
+    env.wait_dead_letters(1, WAIT).await;
     env.wait_stream_len(2, WAIT).await;
 
     let stored = env.stored().await;
@@ -265,10 +262,7 @@ async fn events_routed_where_no_stream_listens_are_dead_lettered() {
             ..env.config()
         })
         .await;
-    wait_until("the stray event dead-lettered", WAIT, || async {
-        env.count("dead_lettered_at IS NOT NULL").await == 1
-    })
-    .await;
+    env.wait_dead_letters(1, WAIT).await;
     env.wait_stream_len(1, WAIT).await;
     relay.stop().await;
 
@@ -316,10 +310,7 @@ async fn many_stray_subjects_in_one_batch_are_all_judged() {
             ..env.config()
         })
         .await;
-    wait_until("every stray event dead-lettered", WAIT, || async {
-        env.count("dead_lettered_at IS NOT NULL").await == 40
-    })
-    .await;
+    env.wait_dead_letters(40, WAIT).await;
     relay.stop().await;
     let stored = env.stored().await;
     assert_eq!(stored.len(), 1);

@@ -12,10 +12,14 @@ fn event(aggregate_id: &str, n: i32) -> NewEvent {
 }
 
 async fn pool(env: &Env) -> PgPool {
+    pool_for(&env.db).await
+}
+
+async fn pool_for(db: &str) -> PgPool {
     PgPoolOptions::new()
         .max_connections(2)
         .acquire_timeout(Duration::from_secs(10))
-        .connect(&env.db)
+        .connect(db)
         .await
         .expect("sqlx pool")
 }
@@ -253,12 +257,7 @@ fn sqlx_versions() -> Vec<i64> {
 #[tokio::test]
 async fn sqlx_migrator_applies_a_schema_the_relay_accepts() {
     let db = testkit::shared_pg().create_database().await;
-    let pool = PgPoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect(&db)
-        .await
-        .expect("sqlx pool");
+    let pool = pool_for(&db).await;
     let migrator = outbox_relay::sqlx::migrator().await.expect("migrator");
     migrator.run(&pool).await.expect("first run");
 
@@ -311,12 +310,7 @@ async fn sqlx_migrator_applies_a_schema_the_relay_accepts() {
 #[tokio::test]
 async fn sqlx_migrator_next_to_the_applications_own_migrations() {
     let db = testkit::shared_pg().create_migrated_database().await;
-    let pool = PgPoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect(&db)
-        .await
-        .expect("sqlx pool");
+    let pool = pool_for(&db).await;
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::write(
         dir.path().join("1_orders.sql"),
