@@ -193,6 +193,22 @@ impl Env {
 
 /// Creates the `OUTBOX` stream on `outbox.>` (file storage, 10 min duplicate window) unless it
 /// exists.
+/// The rows the cleanup tests start from: 2,500 outbox rows processed ten days ago (aggregate ids
+/// `c1`...), 10 processed now (`n1`...) and 10 pending (`p1`...).
+pub async fn seed_cleanup_rows(client: &tokio_postgres::Client) {
+    client
+        .batch_execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, processed_at)
+             SELECT 'order', 'c' || g, 'order.created', '{}', now() - interval '10 days' FROM generate_series(1, 2500) g;
+             INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, processed_at)
+             SELECT 'order', 'n' || g, 'order.created', '{}', now() FROM generate_series(1, 10) g;
+             INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+             SELECT 'order', 'p' || g, 'order.created', '{}' FROM generate_series(1, 10) g;",
+        )
+        .await
+        .expect("seed cleanup rows");
+}
+
 pub async fn create_stream(js: &jetstream::Context) {
     js.get_or_create_stream(stream::Config {
         name: STREAM.into(),

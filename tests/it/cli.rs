@@ -352,17 +352,7 @@ async fn counts(client: &tokio_postgres::Client) -> Vec<i64> {
 /// (10 attempts each) in aggregates of their own.
 async fn seed(db: &str, dead: i32) -> tokio_postgres::Client {
     let client = testkit::pg_client(db).await;
-    client
-        .batch_execute(
-            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, processed_at)
-             SELECT 'order', 'c' || g, 'order.created', '{}', now() - interval '10 days' FROM generate_series(1, 2500) g;
-             INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, processed_at)
-             SELECT 'order', 'n' || g, 'order.created', '{}', now() FROM generate_series(1, 10) g;
-             INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
-             SELECT 'order', 'p' || g, 'order.created', '{}' FROM generate_series(1, 10) g;",
-        )
-        .await
-        .expect("seed");
+    testkit::outbox::seed_cleanup_rows(&client).await;
     client
         .execute(
             "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, attempts,

@@ -228,17 +228,7 @@ async fn failed_rows_wait_for_their_retry_time() {
 async fn cleanup_deletes_only_old_processed_rows() {
     let env = Env::new().await;
     let client = env.client().await;
-    client
-        .batch_execute(
-            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, processed_at)
-             SELECT 'order', 'c' || g, 'order.created', '{}', now() - interval '10 days' FROM generate_series(1, 2500) g;
-             INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, processed_at)
-             SELECT 'order', 'n' || g, 'order.created', '{}', now() FROM generate_series(1, 10) g;
-             INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
-             SELECT 'order', 'p' || g, 'order.created', '{}' FROM generate_series(1, 10) g;",
-        )
-        .await
-        .expect("seed");
+    testkit::outbox::seed_cleanup_rows(&client).await;
     let (code, out, err) = cli(
         &env.db,
         &["cleanup", "--older-than", "7d", "--batch-size", "1000"],
