@@ -380,6 +380,16 @@ mod tests {
             .collect()
     }
 
+    /// Every one of `expected` is the text of some element.
+    fn assert_texts(texts: &[String], expected: &[&str]) {
+        for expected in expected {
+            assert!(
+                texts.iter().any(|t| t == expected),
+                "no text {expected:?} in {texts:?}"
+            );
+        }
+    }
+
     fn polylines(svg: &str) -> usize {
         let doc = roxmltree::Document::parse(svg).expect("well-formed SVG");
         doc.descendants()
@@ -410,19 +420,17 @@ mod tests {
         };
         let svg = line_chart_svg(&chart).expect("renders");
         let texts = texts(&svg);
-        for expected in [
-            "Drain rate",
-            "time since the relay started (s)",
-            "events/s",
-            "batch 1000 (default)",
-            "ordering <none> & batch 2000",
-            "20,000",
-        ] {
-            assert!(
-                texts.iter().any(|t| t == expected),
-                "no text {expected:?} in {texts:?}"
-            );
-        }
+        assert_texts(
+            &texts,
+            &[
+                "Drain rate",
+                "time since the relay started (s)",
+                "events/s",
+                "batch 1000 (default)",
+                "ordering <none> & batch 2000",
+                "20,000",
+            ],
+        );
         // One line per series in the plot, one more per legend entry.
         assert!(polylines(&svg) >= 2, "{svg}");
     }
@@ -486,12 +494,7 @@ mod tests {
             x_max: None,
         };
         let texts = texts(&line_chart_svg(&chart).expect("renders"));
-        for expected in ["gated", "poll", "0.1", "1", "10", "100", "1,000"] {
-            assert!(
-                texts.iter().any(|t| t == expected),
-                "no text {expected:?} in {texts:?}"
-            );
-        }
+        assert_texts(&texts, &["gated", "poll", "0.1", "1", "10", "100", "1,000"]);
     }
 
     #[test]
@@ -515,23 +518,21 @@ mod tests {
         };
         let svg = bar_chart_svg(&chart).expect("renders");
         let texts = texts(&svg);
-        for expected in [
-            "Writer throughput",
-            "writer clients",
-            "writer transactions/s",
-            "1 client",
-            "16 clients",
-            "(a) no trigger",
-            "(c) ours (gated, per statement)",
-            "1,153",
-            "2,964",
-            "2,402",
-        ] {
-            assert!(
-                texts.iter().any(|t| t == expected),
-                "no text {expected:?} in {texts:?}"
-            );
-        }
+        assert_texts(
+            &texts,
+            &[
+                "Writer throughput",
+                "writer clients",
+                "writer transactions/s",
+                "1 client",
+                "16 clients",
+                "(a) no trigger",
+                "(c) ours (gated, per statement)",
+                "1,153",
+                "2,964",
+                "2,402",
+            ],
+        );
     }
 
     #[test]
