@@ -48,6 +48,9 @@ pub(crate) async fn stats(
                     .oldest_pending_age_seconds
                     .set(s.oldest_pending_age_seconds);
                 metrics.dead_letters.set(s.dead_letters);
+                if config.source == crate::config::Source::Wal {
+                    replication_lag(c, &config.slot(), &metrics).await;
+                }
             }
             Ok(Err(e)) => {
                 health.set_database(false);
@@ -59,6 +62,17 @@ pub(crate) async fn stats(
                 client = None;
             }
         }
+    }
+}
+
+/// The slot's retained WAL into `outbox_replication_lag_bytes` (0 while there is no slot).
+async fn replication_lag(client: &tokio_postgres::Client, slot: &str, metrics: &Metrics) {
+    match crate::store::wal::slot_lag(client, slot).await {
+        Ok(lag) => {
+            let bytes = lag.unwrap_or(0.0);
+            metrics.replication_lag_bytes.set(bytes);
+        }
+        Err(e) => tracing::warn!(error = %e, "replication slot query failed"),
     }
 }
 

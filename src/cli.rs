@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
-use outbox_relay::{HeaderFormat, NotifyMode, Ordering, RelayConfig};
+use outbox_relay::{HeaderFormat, NotifyMode, Ordering, RelayConfig, Source};
 use uuid::Uuid;
 
 /// The library's defaults are the CLI's: written once, in `RelayConfig::default()`.
@@ -95,6 +95,10 @@ pub enum Command {
         /// Apply nothing; list each version as applied or pending.
         #[arg(long)]
         status: bool,
+        /// Also create the publication that `run --source wal` streams from (inserts into
+        /// outbox_events; needs CREATE on the database). Idempotent.
+        #[arg(long, conflicts_with_all = ["print", "check", "status"])]
+        wal: bool,
         /// Grant ROLE what writers need (INSERT into the outbox), after migrating.
         #[arg(long, value_name = "ROLE")]
         grant_writer: Vec<String>,
@@ -248,6 +252,30 @@ impl From<HeaderFormatArg> for HeaderFormat {
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum SourceArg {
+    Notify,
+    Wal,
+}
+
+impl From<Source> for SourceArg {
+    fn from(s: Source) -> Self {
+        match s {
+            Source::Notify => SourceArg::Notify,
+            Source::Wal => SourceArg::Wal,
+        }
+    }
+}
+
+impl From<SourceArg> for Source {
+    fn from(s: SourceArg) -> Self {
+        match s {
+            SourceArg::Notify => Source::Notify,
+            SourceArg::Wal => Source::Wal,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum NotifyModeArg {
     Gated,
     Always,
@@ -375,6 +403,15 @@ pub struct RunArgs {
     /// `poll`: no LISTEN, poll every --fallback-interval.
     #[arg(long, env = "OUTBOX_NOTIFY_MODE", value_enum, default_value_t = defaults().notify_mode.into())]
     pub notify_mode: NotifyModeArg,
+    /// `notify`: claim pending rows from the table, woken by NOTIFY; `wal`: stream committed
+    /// inserts from a logical replication slot, in commit order (wal_level=logical, a role with
+    /// REPLICATION, `migrate --wal`; one relay streams, others stand by).
+    #[arg(long, env = "OUTBOX_SOURCE", value_enum, default_value_t = defaults().source.into())]
+    pub source: SourceArg,
+    /// The replication slot of --source wal (created when missing; one per outbox).
+    /// Default: outbox_relay, or outbox_relay_<schema> with --schema.
+    #[arg(long, env = "OUTBOX_SLOT_NAME", value_name = "NAME")]
+    pub slot_name: Option<String>,
     /// Delete processed rows older than this, periodically (off by default).
     #[arg(long, env = "OUTBOX_RETENTION", value_parser = humantime::parse_duration)]
     pub retention: Option<Duration>,
@@ -399,7 +436,7 @@ pub struct ByteSize(pub usize);
 impl std::fmt::Display for ByteSize {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         const MIB: usize = 1024 * 1024;
-        if self.0 % MIB == 0 {
+        if self.0.is_multiple_of(MIB) {
             write!(f, "{}MiB", self.0 / MIB)
         } else {
             write!(f, "{}", self.0)

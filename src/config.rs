@@ -35,6 +35,19 @@ pub enum NotifyMode {
     Poll,
 }
 
+/// Where the relay finds committed events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Source {
+    /// Claim pending rows from the table (`FOR UPDATE SKIP LOCKED`), woken by the gated NOTIFY
+    /// trigger and the fallback ticker. Any number of relays share the work.
+    #[default]
+    Notify,
+    /// Stream committed inserts from a logical replication slot (pgoutput): events in commit
+    /// order, no trigger or polling in the writers' path. One relay streams; the others stand by.
+    /// Needs `wal_level = logical`, a role with REPLICATION, and `migrate --wal` (the publication).
+    Wal,
+}
+
 /// Which metadata headers the relay sets on each message (`Nats-Msg-Id` is always set).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum HeaderFormat {
@@ -116,6 +129,11 @@ pub struct RelayConfig {
     pub ordering: Ordering,
     /// How writers wake the relay.
     pub notify_mode: NotifyMode,
+    /// Where events come from: the table ([`Source::Notify`]) or the WAL ([`Source::Wal`]).
+    pub source: Source,
+    /// The logical replication slot of `Source::Wal` (`None`: `outbox_relay`, or
+    /// `outbox_relay_<schema>` with a schema). One per outbox: relays of one outbox share it.
+    pub slot_name: Option<String>,
     /// Delete processed rows older than this, periodically. `None`: keep them.
     pub retention: Option<Duration>,
     /// Delete `processed_events` rows (consumers' idempotency records) older than this,
@@ -161,6 +179,8 @@ impl Default for RelayConfig {
             retry_max: Duration::from_secs(300),
             ordering: Ordering::Aggregate,
             notify_mode: NotifyMode::Gated,
+            source: Source::Notify,
+            slot_name: None,
             retention: None,
             processed_events_retention: None,
             metrics_event_types_max: DEFAULT_METRICS_EVENT_TYPES_MAX,
@@ -180,6 +200,26 @@ pub const DEFAULT_CE_SOURCE: &str = "/outbox-relay";
 /// applications, and at most about 400 series for them (one published and up to three failed
 /// reasons each), which any Prometheus holds with ease.
 pub const DEFAULT_METRICS_EVENT_TYPES_MAX: usize = 100;
+
+/// Default replication slot of `Source::Wal` (with a schema: `outbox_relay_<schema>`).
+pub const DEFAULT_SLOT: &str = "outbox_relay";
+
+/// A replication slot name as PostgreSQL takes it: 1 to 63 lowercase letters, digits and
+/// underscores.
+fn validate_slot_name(slot: &str) -> Result<()> {
+    if slot.is_empty()
+        || slot.len() > 63
+        || !slot
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    {
+        return Err(Error::config(
+            "slot_name",
+            format!("{slot:?} is not a replication slot name (1 to 63 lowercase letters, digits and underscores)"),
+        ));
+    }
+    Ok(())
+}
 
 /// Default byte budget of a batch: 32 MiB.
 pub const DEFAULT_MAX_BATCH_BYTES: usize = 32 * 1024 * 1024;
@@ -293,6 +333,9 @@ impl RelayConfig {
                 "must not be shorter than retry_initial",
             ));
         }
+        if let Some(slot) = &self.slot_name {
+            validate_slot_name(slot)?;
+        }
         if matches!(self.retention, Some(d) if d.is_zero()) {
             return Err(Error::config("retention", "must be greater than zero"));
         }
@@ -346,7 +389,7 @@ impl RelayConfig {
         format!(
             "database_url={:?} listen_database_url={} schema={} nats_url={} stream={} create_stream={} subject_prefix={} subject_template={} header_format={:?} ce_source={} \
              fallback_interval={} batch_size={} max_batch_bytes={} prepared_statements={} max_attempts={} publish_timeout={} retry_initial={} \
-             retry_max={} ordering={:?} notify_mode={:?} retention={} processed_events_retention={} metrics_event_types_max={} \
+             retry_max={} ordering={:?} notify_mode={:?} source={:?} slot={} retention={} processed_events_retention={} metrics_event_types_max={} \
              metrics_addr={} nats_creds={} nats_nkey={} nats_user={} nats_password={}",
             crate::db::redacted_url(&self.database_url),
             self.listen_database_url
@@ -371,6 +414,8 @@ impl RelayConfig {
             humantime::format_duration(self.retry_max),
             self.ordering,
             self.notify_mode,
+            self.source,
+            self.slot(),
             self.retention.map(|d| humantime::format_duration(d).to_string()).unwrap_or_else(|| "off".into()),
             self.processed_events_retention.map(|d| humantime::format_duration(d).to_string()).unwrap_or_else(|| "off".into()),
             self.metrics_event_types_max,
@@ -410,6 +455,21 @@ impl RelayConfig {
         match &self.subject_template {
             Some(template) => SubjectTemplate::parse(template),
             None => Ok(SubjectTemplate::with_prefix(&self.subject_prefix)),
+        }
+    }
+
+    /// The replication slot `Source::Wal` streams from: `slot_name`, else one named after the
+    /// outbox's schema.
+    pub fn slot(&self) -> String {
+        match (&self.slot_name, &self.schema) {
+            (Some(slot), _) => slot.clone(),
+            (None, None) => DEFAULT_SLOT.to_string(),
+            (None, Some(schema)) if schema == "public" => DEFAULT_SLOT.to_string(),
+            (None, Some(schema)) => {
+                let mut name = format!("{DEFAULT_SLOT}_{schema}");
+                name.truncate(63);
+                name
+            }
         }
     }
 
@@ -461,6 +521,8 @@ impl fmt::Debug for RelayConfig {
             retry_max,
             ordering,
             notify_mode,
+            source,
+            slot_name,
             retention,
             processed_events_retention,
             metrics_event_types_max,
@@ -501,6 +563,8 @@ impl fmt::Debug for RelayConfig {
             .field("retry_max", retry_max)
             .field("ordering", ordering)
             .field("notify_mode", notify_mode)
+            .field("source", source)
+            .field("slot_name", slot_name)
             .field("retention", retention)
             .field("processed_events_retention", processed_events_retention)
             .field("metrics_event_types_max", metrics_event_types_max)

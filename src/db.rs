@@ -25,6 +25,12 @@ pub fn parse_config(url: &str, field: &'static str) -> Result<Config> {
     parse(url, field).map(|(config, _)| config)
 }
 
+/// [`parse_config`] with the TLS settings, which tokio-postgres does not keep (the replication
+/// connection of `--source wal` takes both).
+pub(crate) fn parse_with_tls(url: &str, field: &'static str) -> Result<(Config, TlsSettings)> {
+    parse(url, field)
+}
+
 fn parse(url: &str, field: &'static str) -> Result<(Config, TlsSettings)> {
     let (rest, tls) = crate::tls::split(url, field)?;
     let mut config = rest.parse::<Config>().map_err(|e| {

@@ -89,6 +89,8 @@ enum Repr {
     NotFound(String),
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
+    #[error("{message}")]
+    Replication { message: String, retryable: bool },
 }
 
 impl From<Repr> for Error {
@@ -156,6 +158,15 @@ impl Error {
         Repr::Timeout(after, what.into()).into()
     }
 
+    /// The replication connection of `--source wal` failed; `retryable`: reconnecting may heal it.
+    pub(crate) fn replication(message: impl Into<String>, retryable: bool) -> Self {
+        Repr::Replication {
+            message: message.into(),
+            retryable,
+        }
+        .into()
+    }
+
     pub(crate) fn not_found(message: impl Into<String>) -> Self {
         Repr::NotFound(message.into()).into()
     }
@@ -168,7 +179,7 @@ impl Error {
             Repr::Config { .. } => ErrorKind::Config,
             Repr::InvalidEvent(_) => ErrorKind::InvalidEvent,
             Repr::SchemaMissing { .. } => ErrorKind::SchemaMissing,
-            Repr::Database(_) | Repr::Sqlx { .. } => ErrorKind::Database,
+            Repr::Database(_) | Repr::Sqlx { .. } | Repr::Replication { .. } => ErrorKind::Database,
             Repr::BrokerConnect(_) => ErrorKind::BrokerConnect,
             Repr::Refused(_) => ErrorKind::Refused,
             Repr::Stream(_) => ErrorKind::Stream,
@@ -209,7 +220,7 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match &*self.0 {
             Repr::Database(e) => is_transient_db_error(e),
-            Repr::Sqlx { retryable, .. } => *retryable,
+            Repr::Sqlx { retryable, .. } | Repr::Replication { retryable, .. } => *retryable,
             Repr::BrokerConnect(_)
             | Repr::BrokerUnavailable(_)
             | Repr::Timeout(..)
@@ -278,6 +289,7 @@ impl Error {
             | Repr::BrokerUnavailable(_)
             | Repr::Timeout(..)
             | Repr::Io(_) => true,
+            Repr::Replication { retryable, .. } => *retryable,
             _ => false,
         }
     }

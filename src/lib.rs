@@ -66,10 +66,11 @@ mod store;
 mod subject;
 mod timestamp;
 mod tls;
+mod wal;
 pub mod wire;
 pub mod writer;
 
-pub use config::{HeaderFormat, NotifyMode, Ordering, RelayConfig};
+pub use config::{HeaderFormat, NotifyMode, Ordering, RelayConfig, Source};
 pub use consumer::process_once;
 pub use db::{connect, redact};
 pub use error::{Error, ErrorKind, Result};

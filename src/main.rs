@@ -14,6 +14,8 @@ use tokio_util::sync::CancellationToken;
 use cli::{Cli, Command, DeadLettersCommand, LogFormat, RunArgs};
 
 fn main() -> ExitCode {
+    // ring for every TLS client (the build also holds aws-lc-rs, through pgwire-replication).
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = cli::parse();
     if let Some(code) = generate(&cli.command) {
         return code;
@@ -227,12 +229,18 @@ async fn execute(cli: Cli) -> Result<(), Error> {
         Command::Migrate {
             grant_writer,
             grant_relay,
+            wal,
             ..
         } => {
             let url = raw_database_url(&cli)?;
             let schema = schema(&cli)?;
             let mut client = outbox_relay::connect(&url, "outbox-relay-migrate").await?;
             let applied = migrate::migrate_in(&mut client, schema).await?;
+            if *wal {
+                let (name, created) = migrate::create_publication_in(&mut client, schema).await?;
+                let what = if created { "created" } else { "exists" };
+                println!("publication {name} {what}");
+            }
             for role in grant_writer {
                 migrate::grant_in(&mut client, schema, role, migrate::Grantee::Writer).await?;
                 println!("granted writer privileges to {role}");
@@ -261,6 +269,7 @@ async fn execute(cli: Cli) -> Result<(), Error> {
             let tx = ops::checked_transaction_in(&mut client, schema).await?;
             let s = ops::status(&tx).await?;
             let blocked = ops::blocked_aggregates(&tx, *limit).await?;
+            let slots = ops::wal_slots(&tx).await?;
             tx.commit().await?;
             if *json {
                 #[derive(serde::Serialize)]
@@ -268,10 +277,12 @@ async fn execute(cli: Cli) -> Result<(), Error> {
                     #[serde(flatten)]
                     status: &'a ops::Status,
                     blocked: &'a [ops::BlockedAggregate],
+                    wal_slots: &'a [ops::WalSlot],
                 }
                 let report = Report {
                     status: &s,
                     blocked: &blocked,
+                    wal_slots: &slots,
                 };
                 println!(
                     "{}",
@@ -284,6 +295,22 @@ async fn execute(cli: Cli) -> Result<(), Error> {
                 println!("due for retry:       {}", s.due_for_retry);
                 println!("dead letters:        {}", s.dead_letters);
                 println!("blocked aggregates:  {}", s.blocked_aggregates);
+                for w in &slots {
+                    let state = match (w.present, w.active) {
+                        (false, _) => "MISSING (the relay creates it again)",
+                        (true, true) => "streaming",
+                        (true, false) => "inactive",
+                    };
+                    println!(
+                        "wal slot {}:  {state}, wal_status {}, retains {}, unconfirmed {}, {} aggregates handed to the table{}",
+                        w.slot_name,
+                        w.wal_status.as_deref().unwrap_or("-"),
+                        bytesize::ByteSize(w.retained_bytes as u64),
+                        bytesize::ByteSize(w.unconfirmed_bytes as u64),
+                        w.deferred_aggregates,
+                        if w.caught_up { "" } else { ", catch-up from the table pending" }
+                    );
+                }
                 for b in &blocked {
                     println!(
                         "  {}/{}  dead head {} ({}, since {}, {} waiting): {}",
@@ -506,6 +533,8 @@ async fn run(database_url: String, schema: Option<String>, args: &RunArgs) -> Re
         retry_max: args.retry_max.into(),
         ordering: args.ordering.into(),
         notify_mode: args.notify_mode.into(),
+        source: args.source.into(),
+        slot_name: args.slot_name.clone(),
         retention: args.retention,
         processed_events_retention: args.processed_events_retention,
         metrics_event_types_max: args.metrics_event_types_max,

@@ -163,6 +163,10 @@ pub struct Metrics {
     pub broker_connected: Gauge,
     /// `outbox_retention_deleted_rows`, by table (`outbox_events`, `processed_events`)
     pub retention_deleted: Family<TableLabel, Counter>,
+    /// `outbox_replication_lag_bytes`: WAL the slot of `--source wal` retains
+    pub replication_lag_bytes: Gauge<f64, AtomicU64>,
+    /// `outbox_wal_streaming`: 1 while this relay streams from the slot, 0 while it stands by
+    pub wal_streaming: Gauge,
     /// The event types `published` counts on their own ([`Metrics::count_published`]).
     published_event_types: EventTypeCap,
     /// The event types `failed` counts on their own ([`Metrics::count_failed`]).
@@ -197,6 +201,8 @@ impl Metrics {
             listener_reconnects: Counter::default(),
             broker_connected: Gauge::default(),
             retention_deleted: Family::default(),
+            replication_lag_bytes: Gauge::default(),
+            wal_streaming: Gauge::default(),
             published_event_types: EventTypeCap::new(
                 "outbox_events_published",
                 crate::config::DEFAULT_METRICS_EVENT_TYPES_MAX,
@@ -276,6 +282,16 @@ impl Metrics {
             "outbox_retention_deleted_rows",
             "Rows deleted by the relay's retention (--retention, --processed-events-retention), by table",
             m.retention_deleted.clone(),
+        );
+        registry.register(
+            "outbox_replication_lag_bytes",
+            "WAL retained by the replication slot of --source wal (from its restart_lsn), bytes; PostgreSQL keeps it until the relay confirms",
+            m.replication_lag_bytes.clone(),
+        );
+        registry.register(
+            "outbox_wal_streaming",
+            "1 while this relay streams from the replication slot (--source wal), 0 while it stands by",
+            m.wal_streaming.clone(),
         );
         registry.register(
             "outbox_relay_build",

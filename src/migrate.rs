@@ -78,6 +78,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "processed_events_index",
         sql: include_str!("../sql/migrations/0004_processed_events_index.sql"),
     },
+    Migration {
+        version: 5,
+        name: "wal",
+        sql: include_str!("../sql/migrations/0005_wal.sql"),
+    },
 ];
 
 /// The newest schema version of this build (what `migrate` brings a database to).
@@ -91,6 +96,10 @@ pub fn current_version() -> i32 {
 /// upgraded before the schema.
 pub const REQUIRED_VERSION: i32 = 3;
 
+/// The oldest schema version `--source wal` runs against (version 5: the publication's name and
+/// the table of deferred aggregates).
+pub const WAL_REQUIRED_VERSION: i32 = 5;
+
 const LOCK: &str = include_str!("../sql/queries/migrate_lock.sql");
 const PREPARE: &str = include_str!("../sql/queries/migrate_prepare.sql");
 const APPLIED: &str = include_str!("../sql/queries/migrate_applied.sql");
@@ -100,6 +109,24 @@ const SCHEMA_EXISTS: &str = include_str!("../sql/queries/schema_exists.sql");
 const CREATE_SCHEMA: &str = include_str!("../sql/queries/create_schema.sql");
 const GRANT_WRITER: &str = include_str!("../sql/queries/grant_writer.sql");
 const GRANT_RELAY: &str = include_str!("../sql/queries/grant_relay.sql");
+const CREATE_PUBLICATION: &str = include_str!("../sql/queries/create_publication.sql");
+
+/// Creates the publication `--source wal` streams from (`migrate --wal`), unless it exists.
+/// Returns its name and whether it was created now.
+pub async fn create_publication_in(
+    client: &mut Client,
+    schema: Option<&str>,
+) -> Result<(String, bool)> {
+    let tx = transaction_in(client, schema).await?;
+    tx.batch_execute(LOCK).await?;
+    let row = tx.query_one(CREATE_PUBLICATION, &[]).await?;
+    let create: Option<String> = row.get("create_statement");
+    if let Some(stmt) = &create {
+        tx.batch_execute(stmt).await?;
+    }
+    tx.commit().await?;
+    Ok((row.get("name"), create.is_some()))
+}
 
 /// Creates `schema` if it does not exist (for `--schema`; the connection's search_path must name it).
 pub async fn create_schema<C: GenericClient + Sync>(client: &C, schema: &str) -> Result<()> {
@@ -350,11 +377,8 @@ mod tests {
     #[test]
     fn script_from_the_latest_version_has_only_that_migration() {
         let rest = script_from(None, current_version());
-        assert!(
-            rest.contains("-- migration 0004_processed_events_index"),
-            "{rest}"
-        );
-        assert!(rest.contains("processed_events_processed_at_idx"), "{rest}");
-        assert!(!rest.contains("-- migration 0003_"), "{rest}");
+        assert!(rest.contains("-- migration 0005_wal"), "{rest}");
+        assert!(rest.contains("outbox_wal_deferred"), "{rest}");
+        assert!(!rest.contains("-- migration 0004_"), "{rest}");
     }
 }

@@ -56,6 +56,8 @@ const DEAD_LETTERS_RETRY_BATCH: &str = include_str!("../sql/queries/dead_letters
 const DEAD_LETTERS_RETRY_PREVIEW: &str =
     include_str!("../sql/queries/dead_letters_retry_preview.sql");
 const BLOCKED_AGGREGATES: &str = include_str!("../sql/queries/blocked_aggregates.sql");
+const WAL_PRESENT: &str = include_str!("../sql/queries/wal_present.sql");
+const WAL_SLOTS: &str = include_str!("../sql/queries/wal_slots.sql");
 
 /// What `outbox-relay status` reports.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -117,6 +119,51 @@ pub async fn status<C: GenericClient + Sync>(client: &C) -> Result<Status> {
         dead_letters: row.get("dead_letters"),
         blocked_aggregates: row.get("blocked_aggregates"),
     })
+}
+
+/// A replication slot of `--source wal` (one this outbox's relays created), as PostgreSQL sees it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct WalSlot {
+    /// The slot's name (`--slot-name`).
+    pub slot_name: String,
+    /// The slot exists (an operator may have dropped it; the relay creates it again).
+    pub present: bool,
+    /// A relay streams from it now.
+    pub active: bool,
+    /// PostgreSQL's `wal_status`: `reserved`, `extended`, `unreserved`, or `lost` (invalidated by
+    /// `max_slot_wal_keep_size`; the relay recreates it and catches up from the table).
+    pub wal_status: Option<String>,
+    /// WAL the slot keeps on the server, in bytes (`outbox_replication_lag_bytes`).
+    pub retained_bytes: f64,
+    /// WAL past the position the relay confirmed, in bytes.
+    pub unconfirmed_bytes: f64,
+    /// The catch-up from the table behind the slot finished.
+    pub caught_up: bool,
+    /// Aggregates the streaming relay handed to the table (a retry or dead letter at their head).
+    pub deferred_aggregates: i64,
+}
+
+/// The replication slots of `--source wal` this outbox's relays created (none before schema
+/// version 5, or without `--source wal`).
+pub async fn wal_slots<C: GenericClient + Sync>(client: &C) -> Result<Vec<WalSlot>> {
+    let present: bool = client.query_typed_one(WAL_PRESENT, &[]).await?.get(0);
+    if !present {
+        return Ok(Vec::new());
+    }
+    let rows = client.query_typed(WAL_SLOTS, &[]).await?;
+    Ok(rows
+        .iter()
+        .map(|r| WalSlot {
+            slot_name: r.get("slot_name"),
+            present: r.get("present"),
+            active: r.get("active"),
+            wal_status: r.get("wal_status"),
+            retained_bytes: r.get("retained_bytes"),
+            unconfirmed_bytes: r.get("unconfirmed_bytes"),
+            caught_up: r.get("caught_up"),
+            deferred_aggregates: r.get("deferred_aggregates"),
+        })
+        .collect())
 }
 
 /// An aggregate whose later events wait behind a dead letter: what an operator needs to act on it

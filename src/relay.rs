@@ -6,6 +6,7 @@
 
 mod batch;
 mod processor;
+mod wal;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,12 +15,12 @@ use backoff::backoff::Backoff;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{NotifyMode, RelayConfig, Settings};
+use crate::config::{NotifyMode, RelayConfig, Settings, Source};
 use crate::error::Result;
 use crate::health::{Health, HealthReport};
 use crate::listener::Listener;
 use crate::metrics::Metrics;
-use crate::policy::start_backoff;
+use crate::policy::{start_backoff, trouble_backoff};
 use crate::publisher::Publisher;
 use crate::signals::Signals;
 use crate::store::{Session, Store};
@@ -74,6 +75,7 @@ impl Relay {
     /// Like [`Relay::new`], recording into the given metrics (so an application can serve them).
     /// Their event type cap is set to the config's `metrics_event_types_max`.
     pub async fn with_metrics(config: RelayConfig, metrics: Arc<Metrics>) -> Result<Relay> {
+        crate::tls::install_default_provider();
         let settings = config.resolve()?;
         metrics.set_event_types_max(settings.config.metrics_event_types_max);
         let mode = settings.config.notify_mode;
@@ -203,7 +205,8 @@ impl Relay {
         mut handles: Vec<JoinHandle<()>>,
     ) -> Result<()> {
         let config = &self.settings.config;
-        if config.notify_mode != NotifyMode::Poll {
+        let wal = config.source == Source::Wal;
+        if config.notify_mode != NotifyMode::Poll && !wal {
             let listener = Listener {
                 url: self.settings.listen_url.clone(),
                 signals: self.signals.clone(),
@@ -226,15 +229,33 @@ impl Relay {
             )));
         }
         let session = Session::new(config.schema.as_deref(), config.prepared_statements);
-        let stores = [
-            Store::new(config.database_url.clone(), session.clone()),
-            Store::new(config.database_url.clone(), session),
-        ];
-        let mut processor = Processor::new(config, publisher, &self.signals, &self.metrics, stores);
-        let result = processor.run(shutdown).await;
-        // Whatever is left is for the other relays: wake them rather than leave it to their
-        // fallback poll (a rolling restart of two replicas would otherwise wait for it).
-        processor.stores[0].wake_others().await;
+        let result = if wal {
+            let mut relay = wal::WalRelay {
+                config,
+                url: &self.settings.listen_url,
+                publisher,
+                metrics: &self.metrics,
+                health: &self.health,
+                store: Store::for_wal(config.database_url.clone(), session),
+                slot: config.slot(),
+                trouble: trouble_backoff(),
+            };
+            // Leaving ends the control connection, and with it the leadership: a relay standing
+            // by takes over within a second.
+            relay.run(shutdown).await
+        } else {
+            let stores = [
+                Store::new(config.database_url.clone(), session.clone()),
+                Store::new(config.database_url.clone(), session),
+            ];
+            let mut processor =
+                Processor::new(config, publisher, &self.signals, &self.metrics, stores);
+            let result = processor.run(shutdown).await;
+            // Whatever is left is for the other relays: wake them rather than leave it to their
+            // fallback poll (a rolling restart of two replicas would otherwise wait for it).
+            processor.stores[0].wake_others().await;
+            result
+        };
         tasks.cancel();
         for h in handles {
             let _ = h.await;

@@ -16,6 +16,8 @@ use crate::error::Result;
 use crate::event::OutboxEvent;
 use crate::timestamp::Timestamp;
 
+pub(crate) mod wal;
+
 const CLAIM_ORDERED: &str = include_str!("../sql/queries/claim_ordered.sql");
 const CLAIM_UNORDERED: &str = include_str!("../sql/queries/claim_unordered.sql");
 const RELEASE: &str = include_str!("../sql/queries/release.sql");
@@ -91,6 +93,8 @@ struct Statements {
     claim_unordered: Stmt,
     release: Stmt,
     record_failures: Stmt,
+    /// `--source wal` only (they need schema version 5).
+    wal: Option<wal::WalStatements>,
 }
 
 /// How the worker connection talks to PostgreSQL: what a transaction starts with and whether
@@ -130,6 +134,21 @@ impl Session {
     }
 }
 
+/// [`Store::ready`] with a store's fields borrowed apart (the connection's borrow lives on in the
+/// claim while the others are used again).
+macro_rules! ready {
+    ($store:expr) => {
+        Store::ready(
+            &mut $store.conn,
+            &mut $store.in_tx,
+            &$store.url,
+            &$store.session,
+            $store.wal,
+        )
+    };
+}
+use ready;
+
 /// The worker connection with its statements; reconnects lazily after a loss.
 pub(crate) struct Store {
     url: String,
@@ -142,6 +161,8 @@ pub(crate) struct Store {
     sparse: bool,
     /// Rows to claim at most next time, below the batch size after a claim over the byte budget.
     limit_hint: usize,
+    /// Prepare the statements of `--source wal` too.
+    wal: bool,
 }
 
 /// A failed publish of one row, as the relay decided to record it.
@@ -173,6 +194,10 @@ pub(crate) struct Claim<'a> {
     pub full: bool,
     /// Rows the claim marked processed: the eligible ones.
     marked: Vec<Uuid>,
+    /// `--source wal`: aggregates to hand to the table, and aggregates to take back from it, in
+    /// the batch's transaction (see `store::wal`).
+    pub defer: Vec<wal::AggregateKey>,
+    pub undefer: Vec<wal::AggregateKey>,
 }
 
 impl Store {
@@ -184,6 +209,15 @@ impl Store {
             in_tx: false,
             sparse: false,
             limit_hint: usize::MAX,
+            wal: false,
+        }
+    }
+
+    /// A worker connection of `--source wal`, which also claims by id.
+    pub fn for_wal(url: String, session: Session) -> Self {
+        Store {
+            wal: true,
+            ..Store::new(url, session)
         }
     }
 
@@ -199,14 +233,10 @@ impl Store {
         self.in_tx = false;
     }
 
-    pub fn is_connected(&self) -> bool {
-        self.conn.as_ref().is_some_and(|(c, _)| !c.is_closed())
-    }
-
     /// A new worker connection with its statements. No session state: settings are per
     /// transaction (see `begin_claim.sql`). Statements are prepared inside such a transaction, so
     /// that `--schema` resolves their tables.
-    async fn open(url: &str, session: &Session) -> Result<(Client, Statements)> {
+    async fn open(url: &str, session: &Session, wal: bool) -> Result<(Client, Statements)> {
         let client = crate::db::connect(url, "outbox-relay").await?;
         let prepare = session.prepare;
         if prepare {
@@ -218,9 +248,38 @@ impl Store {
             release: Stmt::new(&client, RELEASE, RELEASE_TYPES, prepare).await?,
             record_failures: Stmt::new(&client, RECORD_FAILURES, RECORD_FAILURES_TYPES, prepare)
                 .await?,
+            wal: match wal {
+                true => Some(wal::WalStatements::new(&client, prepare).await?),
+                false => None,
+            },
         };
         if prepare {
             client.batch_execute("COMMIT").await?;
+        }
+        Ok((client, statements))
+    }
+
+    /// The connection (a store's fields, borrowed apart), opened when there is none or it
+    /// closed, with no transaction open.
+    async fn ready<'c>(
+        conn: &'c mut Option<(Client, Statements)>,
+        in_tx: &mut bool,
+        url: &str,
+        session: &Session,
+        wal: bool,
+    ) -> Result<(&'c Client, &'c Statements)> {
+        if conn.as_ref().is_some_and(|(c, _)| c.is_closed()) {
+            *conn = None;
+            *in_tx = false;
+        }
+        let opened = match conn.take() {
+            Some(opened) => opened,
+            None => Self::open(url, session, wal).await?,
+        };
+        let (client, statements) = &*conn.insert(opened);
+        if *in_tx {
+            client.batch_execute("ROLLBACK").await?;
+            *in_tx = false;
         }
         Ok((client, statements))
     }
@@ -235,18 +294,7 @@ impl Store {
         limit: usize,
         max_bytes: usize,
     ) -> Result<Claim<'_>> {
-        if !self.is_connected() {
-            self.reset();
-        }
-        let conn = match self.conn.take() {
-            Some(conn) => conn,
-            None => Self::open(&self.url, &self.session).await?,
-        };
-        let (client, statements) = &*self.conn.insert(conn);
-        if self.in_tx {
-            client.batch_execute("ROLLBACK").await?;
-            self.in_tx = false;
-        }
+        let (client, statements) = ready!(self).await?;
         let sparse = self.sparse && ordering == Ordering::Aggregate;
         let statement = match ordering {
             Ordering::None => &statements.claim_unordered,
@@ -300,6 +348,8 @@ impl Store {
             claimed,
             full,
             marked,
+            defer: Vec::new(),
+            undefer: Vec::new(),
         })
     }
 
@@ -629,6 +679,10 @@ impl Claim<'_> {
             self.statements
                 .record_failures
                 .execute(self.client, &[&ids, &errors, &delays, &dead, &spent])
+                .await?;
+        }
+        if let Some(wal) = &self.statements.wal {
+            wal.hand_over(self.client, &self.defer, &self.undefer)
                 .await?;
         }
         self.end("COMMIT").await

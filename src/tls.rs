@@ -159,6 +159,14 @@ fn read_certs(path: &Path, key: &str, field: &'static str) -> Result<Vec<Certifi
     Ok(certs)
 }
 
+/// Makes ring the process's rustls provider unless one is installed already. Clients that build
+/// their TLS config from the process default (async-nats) need one when the build holds two
+/// providers: `pgwire-replication` brings tokio-rustls with its default aws-lc-rs next to our
+/// ring, and rustls then refuses to guess.
+pub(crate) fn install_default_provider() {
+    let _ = ring::default_provider().install_default();
+}
+
 /// Splits the TLS parameters out of a URL or key=value string, returning what remains (as a
 /// key=value string, every value quoted) for tokio-postgres to parse. Parameters the string does
 /// not set are taken from libpq's environment variables.

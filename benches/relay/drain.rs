@@ -175,6 +175,10 @@ impl Drop for StreamSampler {
 pub(crate) enum Drainer {
     /// `count` relay processes at once with these extra flags.
     Relays { count: usize, args: Vec<String> },
+    /// One relay of `--source wal` with these extra flags. Its slot is created (by a relay started
+    /// and stopped) before the backlog is written, so the backlog is streamed, not caught up from
+    /// the table.
+    Wal { args: Vec<String> },
     /// The classic loop implemented below, in this process.
     Classic,
 }
@@ -190,6 +194,16 @@ pub(crate) async fn drain_variant(
     let events = backlog.events;
     let mut row = Row::new(scenario, &variant);
     let db = fresh_db(&ctx).await?;
+    let mut wal_relay_args = Vec::new();
+    if let Drainer::Wal { args } = &drainer {
+        wal_relay_args = crate::env::args(&["--source", "wal"]);
+        wal_relay_args.extend(wal_slot_args(&db.url).await?);
+        wal_relay_args.extend(args.iter().cloned());
+        let name = format!("{scenario}-{}-slot", slug(&variant));
+        let mut first = vec![spawn_relay(&ctx, &name, &db.url, &wal_relay_args)?];
+        wait_streaming(&db.client, &mut first, Duration::from_secs(30)).await?;
+        stop_all(first, &mut row).await;
+    }
     let payload_bytes = insert_backlog(&ctx, &db.client, backlog).await?;
     let dups = if count_dups {
         Some(DupCounter::start(&ctx.nats_url, events).await?)
@@ -197,6 +211,7 @@ pub(crate) async fn drain_variant(
         None
     };
 
+    let cpu_before = Cpu::read(&ctx, &[]);
     let started = Instant::now();
     let sample_every = Duration::from_millis(if ctx.quick { 100 } else { 250 });
     let sampler = StreamSampler::start(&ctx.nats_url, started, sample_every).await?;
@@ -208,6 +223,10 @@ pub(crate) async fn drain_variant(
                 let name = format!("{scenario}-{}-{i}", slug(&variant));
                 relays.push(spawn_relay(&ctx, &name, &db.url, args)?);
             }
+        }
+        Drainer::Wal { .. } => {
+            let name = format!("{scenario}-{}", slug(&variant));
+            relays.push(spawn_relay(&ctx, &name, &db.url, &wal_relay_args)?);
         }
         Drainer::Classic => {
             classic = Some(tokio::spawn(classic_loop(
@@ -252,6 +271,7 @@ pub(crate) async fn drain_variant(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let wall = started.elapsed().as_secs_f64();
+    let cpu = Cpu::read(&ctx, &relays).per_event(&cpu_before, events);
     row.timeline = Some(sampler.finish().await);
     row.peak_rss_mb = max_rss(&relays);
     stop_all(relays, &mut row).await;
@@ -291,6 +311,7 @@ pub(crate) async fn drain_variant(
         }
     }
     row.note(format!("payload ~{payload_bytes:.0} B"));
+    row.note(cpu);
     row.note(backlog.describe());
     drop(db.client);
     drop_db(&ctx, &db.url).await;

@@ -90,6 +90,8 @@ FROM o";
 pub(crate) struct Ctx {
     pub(crate) pg: PgCluster,
     pub(crate) nats_url: String,
+    /// nats-server's process, for its CPU time.
+    pub(crate) nats_pid: Option<u32>,
     pub(crate) quick: bool,
     pub(crate) pgbench: Option<PathBuf>,
     pub(crate) log_dir: PathBuf,
@@ -134,6 +136,12 @@ pub(crate) async fn drop_db(ctx: &Ctx, url: &str) {
         return;
     };
     let admin = pg_client(&ctx.pg.url("postgres")).await;
+    // A replication slot (`--source wal`) keeps its database from being dropped.
+    let slots = "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                 WHERE database = $1 AND NOT active";
+    if let Err(e) = admin.execute(slots, &[&name]).await {
+        eprintln!("[bench] warning: dropping the slots of {name}: {e}");
+    }
     let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
     if let Err(e) = within(Duration::from_secs(60), "drop database", async {
         admin.batch_execute(&sql).await.ctx(&sql)
@@ -314,6 +322,120 @@ pub(crate) async fn processed_span(client: &Client) -> Res<(i64, f64)> {
         Ok((row.get(0), row.get(1)))
     })
     .await
+}
+
+/// `--source wal` for the database at `url`: creates its publication and returns the flags naming
+/// its slot (after the database: slots are cluster-wide).
+pub(crate) async fn wal_slot_args(url: &str) -> Res<Vec<String>> {
+    let mut client = pg_client(url).await;
+    outbox_relay::migrate::create_publication_in(&mut client, None)
+        .await
+        .map_err(|e| format!("create publication: {e}"))?;
+    let slot = url.rsplit('/').next().unwrap_or("outbox_relay");
+    Ok(args(&["--slot-name", slot]))
+}
+
+/// Waits until a relay streams from the slot of `--source wal` (past creating it and catching up).
+pub(crate) async fn wait_streaming(
+    client: &Client,
+    relays: &mut [RelayProcess],
+    limit: Duration,
+) -> Res<()> {
+    const SQL: &str = "SELECT EXISTS (SELECT FROM pg_replication_slots s \
+                       JOIN pg_stat_replication r ON r.pid = s.active_pid \
+                       WHERE s.database = current_database())";
+    let deadline = Instant::now() + limit;
+    loop {
+        let streaming: bool = within(Duration::from_secs(10), "streaming check", async {
+            Ok(client
+                .query_one(SQL, &[])
+                .await
+                .ctx("streaming check")?
+                .get(0))
+        })
+        .await?;
+        if streaming {
+            return Ok(());
+        }
+        for r in relays.iter_mut() {
+            r.check_alive()?;
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("the relay did not stream within {limit:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// CPU seconds (user + system) of the processes that matter, from `/proc`.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Cpu {
+    pub(crate) relays: f64,
+    pub(crate) postgres: f64,
+    pub(crate) nats: f64,
+}
+
+impl Cpu {
+    /// Now: the relays', nats-server's, and PostgreSQL's (the postmaster with its reaped children
+    /// and every live child: backends, walsenders, background workers).
+    pub(crate) fn read(ctx: &Ctx, relays: &[RelayProcess]) -> Cpu {
+        let postgres = ctx.pg.pid().map_or(0.0, |pm| {
+            let children: f64 = children_of(pm).iter().map(|&p| proc_cpu(p, false)).sum();
+            proc_cpu(pm, true) + children
+        });
+        Cpu {
+            relays: relays.iter().map(|r| proc_cpu(r.pid(), false)).sum(),
+            postgres,
+            nats: ctx.nats_pid.map_or(0.0, |p| proc_cpu(p, false)),
+        }
+    }
+
+    /// `CPU per event: relay X, postgres Y, nats-server Z µs` since `before`.
+    pub(crate) fn per_event(&self, before: &Cpu, events: u64) -> String {
+        let us = |after: f64, before: f64| (after - before) * 1e6 / events.max(1) as f64;
+        format!(
+            "CPU per event: relay {:.1}, postgres {:.1}, nats-server {:.1} us",
+            us(self.relays, before.relays),
+            us(self.postgres, before.postgres),
+            us(self.nats, before.nats)
+        )
+    }
+}
+
+/// utime + stime of `pid` (with `reaped`: plus its reaped children's), in seconds.
+fn proc_cpu(pid: u32, reaped: bool) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // The fields after the command name (which may hold spaces), from field 3 on.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return 0.0;
+    };
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|v| v.parse().unwrap_or(0.0))
+        .collect();
+    // utime = field 14, stime 15, cutime 16, cstime 17 (field 3 is f[0]).
+    let get = |n: usize| f.get(n - 3).copied().unwrap_or(0.0);
+    let ticks = get(14) + get(15) + if reaped { get(16) + get(17) } else { 0.0 };
+    ticks / 100.0
+}
+
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    let rest = s.rsplit_once(')')?.1.to_string();
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(parent)
+        })
+        .collect()
 }
 
 /// Waits until an idle relay holds the arming key (it listens and writers notify it).

@@ -43,13 +43,20 @@ pub(crate) async fn idle_latency(
     let _abort_receiver = AbortOnDrop(receiver);
 
     let notifies = NotifyCounter::start(&url).await?;
+    let wal = extra.iter().any(|a| a == "wal");
+    let mut extra = extra;
+    if wal {
+        extra.extend(wal_slot_args(&url).await?);
+    }
     let mut relays = vec![spawn_relay(
         &ctx,
         &format!("idle-{}", slug(&variant)),
         &url,
         &extra,
     )?];
-    if !poll_mode && !wait_armed(&writer, &mut relays, Duration::from_secs(15)).await? {
+    if wal {
+        wait_streaming(&writer, &mut relays, Duration::from_secs(30)).await?;
+    } else if !poll_mode && !wait_armed(&writer, &mut relays, Duration::from_secs(15)).await? {
         row.note("relay not seen armed within 15 s");
     }
 

@@ -20,6 +20,9 @@
 //! 4. `sustained`: 4 writers at full speed with the relay running; commit -> receipt latency and
 //!    the pending backlog over time.
 //! 5. `relays`: a backlog drained by 1 relay and by 3 relays at once; duplicates seen on the wire.
+//! 6. `wal`: the WAL source (`--source wal`) against the table source in one run: a backlog drain
+//!    with CPU per event of the relay, PostgreSQL and nats-server, idle latency, and 16 writers
+//!    with the relay keeping up.
 //!
 //! Every row goes into one markdown table on stdout and into `target/bench/results.json`, and the
 //! charts of the scenarios that ran into `target/bench/*.svg` (`charts`). A scenario that fails is
@@ -36,6 +39,7 @@ mod idle_latency;
 mod relays;
 mod report;
 mod sustained;
+mod wal;
 mod writers;
 
 use std::path::PathBuf;
@@ -47,7 +51,14 @@ use testkit::{NatsServer, PgCluster, PgOptions};
 use env::{find_pgbench, Ctx};
 use report::{markdown_table, Row};
 
-const SCENARIOS: [&str; 5] = ["drain", "idle-latency", "writers", "sustained", "relays"];
+const SCENARIOS: [&str; 6] = [
+    "drain",
+    "idle-latency",
+    "writers",
+    "sustained",
+    "relays",
+    "wal",
+];
 
 async fn run_scenario(name: &str, ctx: Arc<Ctx>) -> Vec<Row> {
     match name {
@@ -56,6 +67,7 @@ async fn run_scenario(name: &str, ctx: Arc<Ctx>) -> Vec<Row> {
         "writers" => writers::scenario_writers(ctx).await,
         "sustained" => sustained::scenario_sustained(ctx).await,
         "relays" => relays::scenario_relays(ctx).await,
+        "wal" => wal::scenario_wal(ctx).await,
         other => vec![Row::failed(other, "-", "unknown scenario")],
     }
 }
@@ -137,6 +149,7 @@ fn main() {
             let ctx = Arc::new(Ctx {
                 pg,
                 nats_url: nats.url(),
+                nats_pid: nats.pid(),
                 quick,
                 pgbench: find_pgbench(),
                 log_dir,

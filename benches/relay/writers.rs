@@ -30,6 +30,8 @@ pub(crate) struct WriterVariant {
     pub(crate) url_suffix: &'static str,
     /// Not one of the three compared variants: an extra data point to explain them.
     pub(crate) diagnostic: bool,
+    /// The relay streams from the WAL (`--source wal`) instead of claiming from the table.
+    pub(crate) wal: bool,
 }
 
 pub(crate) const WRITER_VARIANTS: [WriterVariant; 5] = [
@@ -39,6 +41,7 @@ pub(crate) const WRITER_VARIANTS: [WriterVariant; 5] = [
         relay_args: &[],
         url_suffix: "",
         diagnostic: false,
+        wal: false,
     },
     WriterVariant {
         label: "(b) classic per-row NOTIFY",
@@ -46,6 +49,7 @@ pub(crate) const WRITER_VARIANTS: [WriterVariant; 5] = [
         relay_args: &[],
         url_suffix: "",
         diagnostic: false,
+        wal: false,
     },
     WriterVariant {
         label: "(c) ours (gated, per statement)",
@@ -53,6 +57,7 @@ pub(crate) const WRITER_VARIANTS: [WriterVariant; 5] = [
         relay_args: &[],
         url_suffix: "",
         diagnostic: false,
+        wal: false,
     },
     WriterVariant {
         label: "(d) no trigger, relay polling every 10 ms",
@@ -60,6 +65,7 @@ pub(crate) const WRITER_VARIANTS: [WriterVariant; 5] = [
         relay_args: &["--notify-mode", "poll", "--fallback-interval", "10ms"],
         url_suffix: "",
         diagnostic: true,
+        wal: false,
     },
     WriterVariant {
         label: "(e) ours, relay with synchronous_commit=off",
@@ -67,6 +73,7 @@ pub(crate) const WRITER_VARIANTS: [WriterVariant; 5] = [
         relay_args: &[],
         url_suffix: "?options=-c%20synchronous_commit%3Doff",
         diagnostic: true,
+        wal: false,
     },
 ];
 
@@ -186,14 +193,20 @@ pub(crate) async fn writer_throughput(
     let notifies = NotifyCounter::start(&db.url).await?;
 
     let relay_url = format!("{}{}", db.url, variant.url_suffix);
+    let mut relay_args = args(variant.relay_args);
+    if variant.wal {
+        relay_args.extend(wal_slot_args(&db.url).await?);
+    }
     let mut relays = vec![spawn_relay(
         &ctx,
         &format!("writers-{}-{clients}", slug(variant.label)),
         &relay_url,
-        &args(variant.relay_args),
+        &relay_args,
     )?];
     let polling = variant.relay_args.contains(&"poll");
-    if polling {
+    if variant.wal {
+        wait_streaming(&db.client, &mut relays, Duration::from_secs(30)).await?;
+    } else if polling {
         // A polling relay never arms: give it the time to connect.
         tokio::time::sleep(Duration::from_millis(500)).await;
         relays[0].check_alive()?;

@@ -8,3 +8,9 @@ UNION ALL SELECT format('GRANT SELECT, UPDATE, DELETE ON outbox_events TO %I', $
 UNION ALL SELECT format('GRANT SELECT ON outbox_dead_letters TO %I', $1::text)
 UNION ALL SELECT format('GRANT SELECT ON outbox_schema_migrations TO %I', $1::text)
 UNION ALL SELECT format('GRANT SELECT, DELETE, UPDATE (processed_at) ON processed_events TO %I', $1::text)
+-- --source wal: the aggregates it handed to the table (schema version 5; the role also needs the
+-- REPLICATION attribute, which only a superuser grants: ALTER ROLE ... REPLICATION).
+UNION ALL SELECT format('GRANT SELECT, INSERT, DELETE ON outbox_wal_deferred TO %I', $1::text)
+WHERE to_regclass('outbox_wal_deferred') IS NOT NULL
+UNION ALL SELECT format('GRANT SELECT, INSERT, UPDATE ON outbox_wal_slots TO %I', $1::text)
+WHERE to_regclass('outbox_wal_slots') IS NOT NULL

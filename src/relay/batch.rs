@@ -10,7 +10,8 @@ use crate::event::OutboxEvent;
 use crate::metrics::Metrics;
 use crate::policy::{is_broker_outage, FailureKind, RetryPolicy, Verdict};
 use crate::publisher::{Outcome, Publisher};
-use crate::store::{Failure, Store};
+use crate::store::wal::AggregateKey;
+use crate::store::{Claim, Failure, Store};
 
 /// What one batch (or two in flight together) did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -143,6 +144,20 @@ pub(crate) async fn process_batch(
     let claim = store
         .claim(config.ordering, config.batch_size, config.max_batch_bytes)
         .await?;
+    run_claim(config, publisher, metrics, claim, started, |_, _| {}).await
+}
+
+/// The rest of a batch once claimed: publish, settle, record, commit. `hand_over` sees the claim
+/// before its commit with the aggregates whose events were not all published (a failure, or held
+/// back behind one): the wal source hands them to the table there.
+pub(crate) async fn run_claim(
+    config: &RelayConfig,
+    publisher: &Publisher,
+    metrics: &Metrics,
+    mut claim: Claim<'_>,
+    started: Instant,
+    hand_over: impl FnOnce(&mut Claim<'_>, Vec<AggregateKey>),
+) -> Result<BatchReport> {
     let claim_ms = started.elapsed().as_secs_f64() * 1000.0;
     let (claimed, full) = (claim.claimed, claim.full);
     if claim.groups.is_empty() {
@@ -168,6 +183,15 @@ pub(crate) async fn process_batch(
 
     let policy = RetryPolicy::of(config);
     let settlement = settle(&policy, &claim.groups, &outcomes, |s| observe(metrics, s));
+    let unsettled = claim
+        .groups
+        .iter()
+        .zip(&outcomes)
+        .filter(|(_, o)| !o.iter().all(|o| matches!(o, Outcome::Published { .. })))
+        .filter_map(|(g, _)| g.first())
+        .map(|e| (e.aggregate_type.clone(), e.aggregate_id.clone()))
+        .collect();
+    hand_over(&mut claim, unsettled);
     let finish_started = Instant::now();
     claim
         .finish(&settlement.published, &settlement.failures)

@@ -62,6 +62,14 @@ impl Stored {
     }
 }
 
+/// `migrate --wal`'s publication in the database at `url`.
+pub async fn create_publication(url: &str) {
+    let mut client = pg_client(url).await;
+    outbox_relay::migrate::create_publication_in(&mut client, None)
+        .await
+        .unwrap_or_else(|e| panic!("creating the publication in {url} failed: {e}"));
+}
+
 /// Migrates the outbox schema into the database at `url` (bounded to 60 s).
 pub async fn migrate_database(url: &str) {
     let mut client = pg_client(url).await;
@@ -117,6 +125,26 @@ impl Env {
             publish_timeout: Duration::from_secs(2),
             ..RelayConfig::default()
         }
+    }
+
+    /// [`Env::config`] for `--source wal`, with a slot named after the database (slots are
+    /// cluster-wide; each test database gets its own), and the publication created.
+    pub async fn wal_config(&self) -> RelayConfig {
+        create_publication(&self.db).await;
+        RelayConfig {
+            source: outbox_relay::Source::Wal,
+            slot_name: Some(self.slot_name()),
+            ..self.config()
+        }
+    }
+
+    /// The slot [`Env::wal_config`] names: the database's name.
+    pub fn slot_name(&self) -> String {
+        self.db
+            .rsplit('/')
+            .next()
+            .unwrap_or("outbox_relay")
+            .to_string()
     }
 
     pub async fn spawn(&self, config: RelayConfig) -> RunningRelay {
@@ -334,6 +362,29 @@ impl RelayProcess {
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
         Self::from_command(cmd)
+    }
+
+    /// [`RelayProcess::run`] with its log (`RUST_LOG=info`) in a file of its own, for
+    /// [`RelayProcess::log_tail`].
+    pub fn run_logged(env: &Env, extra: &[&str]) -> RelayProcess {
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log =
+            std::env::temp_dir().join(format!("outbox-relay-test-{}-{n}.log", std::process::id()));
+        let file = std::fs::File::create(&log).expect("relay log file");
+        let mut cmd = relay_command();
+        cmd.args(["run", "--fallback-interval", "60s", "--metrics-addr", "off"])
+            .args(extra)
+            .env("DATABASE_URL", &env.db)
+            .env("NATS_URL", env.nats.url())
+            .env(
+                "RUST_LOG",
+                std::env::var("OUTBOX_TEST_RELAY_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file);
+        RelayProcess::spawn("outbox-relay", cmd, Some(log)).expect("spawn outbox-relay")
     }
 
     /// `cmd` (an outbox-relay command with its own arguments) in a child process.

@@ -410,6 +410,10 @@ impl PgCluster {
                 self.dir.path().display().to_string(),
             ),
             ("max_connections".into(), "200".into()),
+            // `--source wal`: logical decoding, and a slot and a walsender per test database.
+            ("wal_level".into(), "logical".into()),
+            ("max_wal_senders".into(), "40".into()),
+            ("max_replication_slots".into(), "80".into()),
         ];
         if !self.opts.fsync {
             for name in ["fsync", "synchronous_commit", "full_page_writes"] {

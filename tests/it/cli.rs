@@ -205,6 +205,9 @@ fn path(p: &Path) -> &str {
 /// NATS_CERT and NATS_KEY publishes; NATS_TLS_CA wins over NATS_CA (a wrong CA there fails).
 #[tokio::test]
 async fn natscli_tls_variables_reach_the_relay() {
+    // The build holds two rustls providers (ring, and aws-lc-rs through pgwire-replication):
+    // this test's own NATS client needs the process default the relay installs too.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let pki = crate::tls::pki();
     let nats = NatsServer::start_with_config(&format!(
         "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n  ca_file: \"{}\"\n  verify: true\n}}",

@@ -24,6 +24,8 @@ const METRICS: &[(&str, &str)] = &[
     ("outbox_listener_reconnects", "counter"),
     ("outbox_broker_connected", "gauge"),
     ("outbox_retention_deleted_rows", "counter"),
+    ("outbox_replication_lag_bytes", "gauge"),
+    ("outbox_wal_streaming", "gauge"),
     ("outbox_relay_build", "info"),
 ];
 
@@ -46,6 +48,16 @@ const ALERTS: &[(&str, &str, &str)] = &[
         "OutboxEventsStuck",
         "critical",
         "outbox_oldest_pending_age_seconds",
+    ),
+    (
+        "OutboxReplicationSlotRetainsWal",
+        "warning",
+        "outbox_replication_lag_bytes",
+    ),
+    (
+        "OutboxReplicationSlotNearLimit",
+        "critical",
+        "outbox_replication_lag_bytes",
     ),
 ];
 

@@ -28,6 +28,7 @@ mod security;
 mod sqlx_writer;
 mod tls;
 mod wakeup;
+mod wal;
 
 /// The harness runs the binary cargo built for this test target.
 #[test]

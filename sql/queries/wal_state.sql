@@ -1,0 +1,13 @@
+-- --source wal, before streaming: the server's wal_level, this outbox's publication, and slot $1
+-- (NULL columns: no such slot).
+SELECT current_setting('wal_level') AS wal_level,
+       outbox_wal_publication() AS publication,
+       EXISTS (SELECT FROM pg_publication WHERE pubname = outbox_wal_publication()) AS publication_exists,
+       s.plugin, s.database, current_database() AS current_database, s.wal_status,
+       s.active_pid,
+       -- A slot whose catch-up from the table never finished (a relay died during it, or the
+       -- slot was created by hand) catches up again.
+       coalesce((SELECT w.caught_up_at IS NOT NULL FROM outbox_wal_slots w
+                 WHERE w.slot_name = $1::text), false) AS caught_up
+FROM (SELECT 1) AS one
+LEFT JOIN pg_replication_slots s ON s.slot_name = $1::text

@@ -1,0 +1,635 @@
+//! `--source wal`: lead or stand by; check the slot (creating it, and catching up from the table
+//! behind a new one); then stream. Each batch of committed inserts, in commit order, is claimed by
+//! id and published, settled and committed like a batch of the table source. An aggregate that
+//! cannot go on in commit order (an event failed, or a row was held by another session) is handed
+//! to the table (`outbox_wal_deferred`): its events stay pending and a sweep publishes them in seq
+//! order until none is left, then the stream takes the aggregate back. The slot's position moves
+//! past a transaction only once each of its events is published or pending in the table.
+
+use std::collections::{BTreeSet, HashSet};
+use std::ops::Bound;
+use std::time::{Duration, Instant};
+
+use backoff::backoff::Backoff;
+use backoff::exponential::ExponentialBackoff;
+use backoff::SystemClock;
+use tokio::time::sleep_until;
+use tokio_util::sync::CancellationToken;
+
+use super::batch::{process_batch, run_claim, BatchReport};
+use super::pause;
+use crate::config::RelayConfig;
+use crate::error::{Error, Result};
+use crate::health::Health;
+use crate::metrics::Metrics;
+use crate::publisher::Publisher;
+use crate::store::wal::{AggregateKey, Candidate, Control};
+use crate::store::Store;
+use crate::wal::{Change, Stream};
+
+/// How often a relay standing by asks for the leadership.
+const STANDBY_POLL: Duration = Duration::from_secs(1);
+
+/// Aggregates handed to the table looked at per sweep.
+const SWEEP_AGGREGATES: usize = 100;
+
+/// Why leading stopped (shutdown returns `Ok`).
+enum Stop {
+    /// Setup that waiting cannot heal (wal_level, the publication, the slot's plugin): exit.
+    Fatal(Error),
+    /// Connections, the slot in use, a lost stream: reconnect after a pause.
+    Retry(Error),
+}
+
+impl From<Error> for Stop {
+    fn from(e: Error) -> Self {
+        if e.is_retryable() || e.heals_by_waiting() {
+            Stop::Retry(e)
+        } else {
+            Stop::Fatal(e)
+        }
+    }
+}
+
+pub(super) struct WalRelay<'a> {
+    pub config: &'a RelayConfig,
+    /// The control and replication connections' URL (direct, never pooled; the schema in the
+    /// session).
+    pub url: &'a str,
+    pub publisher: Publisher,
+    pub metrics: &'a Metrics,
+    pub health: &'a Health,
+    pub store: Store,
+    pub slot: String,
+    pub trouble: ExponentialBackoff<SystemClock>,
+}
+
+/// The stream's state between batches.
+#[derive(Default)]
+struct Batch {
+    candidates: Vec<Candidate>,
+    bytes: usize,
+    /// Inside a transaction (its inserts may be in this batch, its commit not yet seen).
+    in_tx: bool,
+    /// The end of the last commit seen: confirmed once the batch holding its events is done.
+    last_commit: Option<u64>,
+    /// A keepalive's position with nothing in flight: confirmed as well.
+    idle: Option<u64>,
+}
+
+/// The aggregates handed to the table, and when to sweep them next.
+#[derive(Default)]
+struct Deferred {
+    keys: BTreeSet<AggregateKey>,
+    /// Where the last sweep stopped (the next one goes on from there).
+    cursor: Option<AggregateKey>,
+    sweep_at: Option<Instant>,
+}
+
+impl Deferred {
+    /// Up to `n` aggregates, going round.
+    fn next_round(&mut self, n: usize) -> Vec<AggregateKey> {
+        let after = match &self.cursor {
+            Some(c) => Bound::Excluded(c.clone()),
+            None => Bound::Unbounded,
+        };
+        let mut round: Vec<AggregateKey> = self
+            .keys
+            .range((after, Bound::Unbounded))
+            .take(n)
+            .cloned()
+            .collect();
+        if round.len() < n {
+            let more = n - round.len();
+            round.extend(
+                self.keys
+                    .iter()
+                    .take(more)
+                    .filter(|k| !round.contains(k))
+                    .cloned()
+                    .collect::<Vec<_>>(),
+            );
+        }
+        self.cursor = round.last().cloned();
+        round
+    }
+
+    fn sweep_in(&mut self, delay: Duration) {
+        let at = Instant::now() + delay;
+        self.sweep_at = Some(self.sweep_at.map_or(at, |s| s.min(at)));
+    }
+}
+
+impl WalRelay<'_> {
+    /// Runs until `shutdown`: leads when no other relay does, stands by otherwise.
+    pub async fn run(&mut self, shutdown: &CancellationToken) -> Result<()> {
+        let mut standing_by = false;
+        loop {
+            if shutdown.is_cancelled() {
+                return Ok(());
+            }
+            let stop = match Control::connect(self.url).await {
+                Ok(control) => match self
+                    .lead_when_free(&control, &mut standing_by, shutdown)
+                    .await
+                {
+                    Ok(()) => return Ok(()),
+                    Err(stop) => stop,
+                },
+                Err(e) => Stop::from(e),
+            };
+            self.metrics.wal_streaming.set(0);
+            match stop {
+                Stop::Fatal(e) => return Err(e),
+                Stop::Retry(e) => {
+                    self.health.set_listener(false);
+                    let delay = self.trouble_delay();
+                    tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "replication stopped; retrying");
+                    if !pause(shutdown, delay).await {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    async fn lead_when_free(
+        &mut self,
+        control: &Control,
+        standing_by: &mut bool,
+        shutdown: &CancellationToken,
+    ) -> std::result::Result<(), Stop> {
+        while !control.try_lead(&self.slot).await? {
+            if !*standing_by {
+                tracing::info!(slot = %self.slot, "another relay streams from the replication slot; standing by");
+                *standing_by = true;
+            }
+            self.health.set_listener(true);
+            if !pause(shutdown, STANDBY_POLL).await {
+                return Ok(());
+            }
+        }
+        if *standing_by {
+            tracing::info!(slot = %self.slot, "took over the replication slot");
+            *standing_by = false;
+        }
+        self.lead(control, shutdown).await
+    }
+
+    /// Holds the leadership: checks the setup and the slot, catches up from the table behind a
+    /// new slot, then streams until shutdown (`Ok`) or trouble.
+    async fn lead(
+        &mut self,
+        control: &Control,
+        shutdown: &CancellationToken,
+    ) -> std::result::Result<(), Stop> {
+        let state = control.state(&self.slot).await.map_err(|e| {
+            if e.as_db_error().and_then(|d| d.code()).map(|c| c.code()) == Some("42883") {
+                // outbox_wal_publication() is missing: the schema predates version 5.
+                Stop::Fatal(Error::schema_missing(
+                    None,
+                    crate::migrate::WAL_REQUIRED_VERSION,
+                ))
+            } else {
+                Stop::from(e)
+            }
+        })?;
+        self.health.set_database(true);
+        if state.wal_level != "logical" {
+            return Err(Stop::Fatal(Error::replication(
+                format!(
+                    "--source wal needs wal_level = logical; the server has {} (set it in postgresql.conf and restart PostgreSQL)",
+                    state.wal_level
+                ),
+                false,
+            )));
+        }
+        if !state.publication_exists {
+            return Err(Stop::Fatal(Error::replication(
+                format!(
+                    "publication {} does not exist: run `outbox-relay migrate --wal`",
+                    state.publication
+                ),
+                false,
+            )));
+        }
+        let mut created = false;
+        match &state.slot {
+            None => {
+                control.create_slot(&self.slot).await?;
+                tracing::info!(slot = %self.slot, "created the replication slot; catching up from the table first");
+                created = true;
+            }
+            Some(slot) => {
+                if let Some(other) = &slot.other_database {
+                    return Err(Stop::Fatal(Error::config(
+                        "slot_name",
+                        format!("replication slot {} belongs to database {other}: choose another --slot-name", self.slot),
+                    )));
+                }
+                if slot.plugin.as_deref() != Some("pgoutput") {
+                    return Err(Stop::Fatal(Error::config(
+                        "slot_name",
+                        format!(
+                            "replication slot {} is not a logical slot of pgoutput (plugin {:?}): choose another --slot-name",
+                            self.slot, slot.plugin
+                        ),
+                    )));
+                }
+                if !slot.caught_up {
+                    tracing::info!(slot = %self.slot, "the catch-up from the table behind this slot never finished; catching up first");
+                    created = true;
+                }
+                if slot.wal_status.as_deref() == Some("lost") {
+                    tracing::error!(
+                        slot = %self.slot,
+                        "the replication slot was invalidated (it kept more WAL than max_slot_wal_keep_size allows); dropping it, creating it again and catching up from the table: no event is lost, those written meanwhile go out in seq order"
+                    );
+                    control.drop_slot(&self.slot).await?;
+                    control.create_slot(&self.slot).await?;
+                    created = true;
+                } else if let Some(pid) = slot.active_pid {
+                    return Err(Stop::Retry(Error::replication(
+                        format!("replication slot {} is in use by server process {pid} (a relay that just stopped?)", self.slot),
+                        true,
+                    )));
+                }
+            }
+        }
+        if created {
+            if !self.catch_up(control, shutdown).await? {
+                return Ok(());
+            }
+            control.caught_up(&self.slot).await?;
+        }
+        let mut deferred = Deferred {
+            keys: control.deferred(created).await?.into_iter().collect(),
+            ..Deferred::default()
+        };
+        if !deferred.keys.is_empty() {
+            deferred.sweep_in(Duration::ZERO);
+        }
+        let buffer = self.config.batch_size.saturating_mul(2);
+        let stream = Stream::start(self.url, &self.slot, &state.publication, buffer).await?;
+        tracing::info!(slot = %self.slot, publication = %state.publication, deferred_aggregates = deferred.keys.len(), "streaming from the replication slot");
+        self.metrics.wal_streaming.set(1);
+        self.health.set_listener(true);
+        self.stream(control, stream, deferred, shutdown).await
+    }
+
+    /// Behind a new slot: publishes from the table what committed before it (as the table source
+    /// does, in seq order), until a claim is not full. Rows committed after the slot's start come
+    /// again in the stream, and the claim by id skips those published here. `false`: shutdown.
+    async fn catch_up(
+        &mut self,
+        control: &Control,
+        shutdown: &CancellationToken,
+    ) -> std::result::Result<bool, Stop> {
+        let mut published = 0;
+        loop {
+            if shutdown.is_cancelled() {
+                return Ok(false);
+            }
+            let result =
+                process_batch(self.config, &self.publisher, self.metrics, &mut self.store).await;
+            match result {
+                Ok(report) if report.broker_failures == 0 && !report.full => {
+                    published += report.published;
+                    tracing::info!(published, "caught up from the table");
+                    return Ok(true);
+                }
+                Ok(report) => {
+                    published += report.published;
+                    if report.broker_failures > 0 && !self.back_off(shutdown).await {
+                        return Ok(false);
+                    }
+                }
+                Err(e) => {
+                    if control.is_closed() {
+                        return Err(Stop::Retry(e));
+                    }
+                    self.recover(&e);
+                    tracing::warn!(error = %e, "catching up from the table failed; backing off");
+                    if !self.back_off(shutdown).await {
+                        return Ok(false);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn stream(
+        &mut self,
+        control: &Control,
+        mut stream: Stream,
+        mut deferred: Deferred,
+        shutdown: &CancellationToken,
+    ) -> std::result::Result<(), Stop> {
+        let mut batch = Batch::default();
+        loop {
+            if control.is_closed() {
+                return Err(Stop::Retry(Error::replication(
+                    "the control connection (the leadership) was lost",
+                    true,
+                )));
+            }
+            let sweep_at = deferred.sweep_at;
+            let first = tokio::select! {
+                _ = shutdown.cancelled() => {
+                    stream.stop().await;
+                    return Ok(());
+                }
+                _ = sleep_until(sweep_at.unwrap_or_else(Instant::now).into()), if sweep_at.is_some() => {
+                    deferred.sweep_at = None;
+                    self.sweep(&mut deferred).await;
+                    continue;
+                }
+                _ = control.woken() => {
+                    // Rows became publishable again (`dead-letters retry`).
+                    if !deferred.keys.is_empty() {
+                        deferred.sweep_in(Duration::ZERO);
+                    }
+                    continue;
+                }
+                change = stream.next() => change?,
+            };
+            let Some(first) = first else {
+                return Err(Stop::Retry(Error::replication(
+                    "the server ended the replication stream",
+                    true,
+                )));
+            };
+            batch.take(first);
+            while batch.candidates.len() < self.config.batch_size
+                && batch.bytes < self.config.max_batch_bytes
+            {
+                match stream.ready()? {
+                    Some(change) => batch.take(change),
+                    None => break,
+                }
+            }
+            if !batch.candidates.is_empty() {
+                let candidates = std::mem::take(&mut batch.candidates);
+                batch.bytes = 0;
+                if !self
+                    .publish_streamed(control, candidates, &mut deferred, shutdown)
+                    .await?
+                {
+                    stream.stop().await;
+                    return Ok(());
+                }
+            }
+            if let Some(lsn) = batch.confirmable() {
+                stream.confirm(lsn);
+            }
+        }
+    }
+
+    /// Publishes one batch of streamed inserts, retrying it (the same rows) through the broker's
+    /// or the database's trouble. `false`: shutdown came first (nothing of the batch is confirmed;
+    /// the next leader streams it again).
+    async fn publish_streamed(
+        &mut self,
+        control: &Control,
+        candidates: Vec<Candidate>,
+        deferred: &mut Deferred,
+        shutdown: &CancellationToken,
+    ) -> std::result::Result<bool, Stop> {
+        let candidates: Vec<Candidate> = candidates
+            .into_iter()
+            .filter(|c| !deferred.keys.contains(&c.aggregate))
+            .collect();
+        if candidates.is_empty() {
+            return Ok(true);
+        }
+        loop {
+            let started = Instant::now();
+            let mut handed = Vec::new();
+            let result = match self.store.claim_ids(&candidates).await {
+                Ok(claim) => {
+                    run_claim(
+                        self.config,
+                        &self.publisher,
+                        self.metrics,
+                        claim,
+                        started,
+                        |claim, unsettled| {
+                            for key in unsettled {
+                                if !claim.defer.contains(&key) {
+                                    claim.defer.push(key);
+                                }
+                            }
+                            handed = claim.defer.clone();
+                        },
+                    )
+                    .await
+                }
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(report) => {
+                    if !handed.is_empty() {
+                        tracing::info!(
+                            aggregates = handed.len(),
+                            "aggregates handed to the table (a failed or held event)"
+                        );
+                        deferred.keys.extend(handed);
+                        deferred
+                            .sweep_in(report.next_retry.unwrap_or(self.config.fallback_interval));
+                    }
+                    return self.after(report, shutdown).await;
+                }
+                Err(e) => {
+                    if control.is_closed() {
+                        return Err(Stop::Retry(e));
+                    }
+                    self.recover(&e);
+                    let delay = self.trouble_delay();
+                    tracing::warn!(error = %e, batch_size = candidates.len(), retry_in_ms = delay.as_millis() as u64, "batch failed; retrying it");
+                    if !pause(shutdown, delay).await {
+                        return Ok(false);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sweeps a round of the aggregates handed to the table: publishes what may go now and takes
+    /// back those left with nothing pending. Errors are logged; the sweep comes again.
+    async fn sweep(&mut self, deferred: &mut Deferred) {
+        let round = deferred.next_round(SWEEP_AGGREGATES);
+        if round.is_empty() {
+            return;
+        }
+        let per_aggregate = (self.config.batch_size / round.len()).max(1);
+        let started = Instant::now();
+        let mut taken_back = Vec::new();
+        let mut next_due = None;
+        let result = match self
+            .store
+            .sweep(
+                &round,
+                per_aggregate,
+                self.config.batch_size,
+                self.config.max_batch_bytes,
+            )
+            .await
+        {
+            Ok((claim, info)) => {
+                next_due = info.next_due;
+                let complete = info.complete;
+                run_claim(
+                    self.config,
+                    &self.publisher,
+                    self.metrics,
+                    claim,
+                    started,
+                    |claim, unsettled| {
+                        let unsettled: HashSet<AggregateKey> = unsettled.into_iter().collect();
+                        claim
+                            .undefer
+                            .extend(complete.into_iter().filter(|k| !unsettled.contains(k)));
+                        taken_back = claim.undefer.clone();
+                    },
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(report) => {
+                for key in &taken_back {
+                    deferred.keys.remove(key);
+                }
+                if report.broker_failures > 0 {
+                    let delay = self.trouble_delay();
+                    deferred.sweep_in(delay);
+                } else if report.published > 0 || report.full {
+                    // More may be waiting behind what went out.
+                    deferred.sweep_in(Duration::ZERO);
+                } else if !deferred.keys.is_empty() {
+                    let wait = [
+                        next_due,
+                        report.next_retry,
+                        Some(self.config.fallback_interval),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .min()
+                    .unwrap_or(self.config.fallback_interval);
+                    deferred.sweep_in(wait);
+                }
+                if report.broker_failures == 0 {
+                    self.trouble.reset();
+                }
+            }
+            Err(e) => {
+                self.recover(&e);
+                let delay = self.trouble_delay();
+                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "sweep of the aggregates handed to the table failed");
+                deferred.sweep_in(delay);
+            }
+        }
+    }
+
+    /// After a batch went through: a pause when the broker had trouble with part of it.
+    async fn after(
+        &mut self,
+        report: BatchReport,
+        shutdown: &CancellationToken,
+    ) -> std::result::Result<bool, Stop> {
+        if report.broker_failures > 0 {
+            tracing::warn!(
+                published = report.published,
+                broker_failures = report.broker_failures,
+                "broker trouble during a batch; backing off"
+            );
+            return Ok(self.back_off(shutdown).await);
+        }
+        self.trouble.reset();
+        Ok(true)
+    }
+
+    async fn back_off(&mut self, shutdown: &CancellationToken) -> bool {
+        let delay = self.trouble_delay();
+        pause(shutdown, delay).await
+    }
+
+    fn trouble_delay(&mut self) -> Duration {
+        self.trouble
+            .next_backoff()
+            .unwrap_or(Duration::from_secs(10))
+    }
+
+    /// After a failed batch: the worker connection may be broken (the broker's outage needs
+    /// nothing but the pause).
+    fn recover(&mut self, e: &Error) {
+        if !e.is_broker_unavailable() {
+            self.store.reset();
+        }
+    }
+}
+
+impl Batch {
+    fn take(&mut self, change: Change) {
+        match change {
+            Change::Begin => self.in_tx = true,
+            Change::Insert { row, size } => {
+                self.candidates.push(row);
+                self.bytes = self.bytes.saturating_add(size);
+            }
+            Change::Commit { end } => {
+                self.in_tx = false;
+                self.last_commit = Some(end);
+            }
+            Change::Idle { wal_end } => {
+                if self.candidates.is_empty() && !self.in_tx {
+                    self.idle = Some(wal_end);
+                }
+            }
+        }
+    }
+
+    /// The position to confirm now that the batch is done (its events published or in the
+    /// table).
+    fn confirmable(&mut self) -> Option<u64> {
+        [self.last_commit.take(), self.idle.take()]
+            .into_iter()
+            .flatten()
+            .max()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(i: &str) -> AggregateKey {
+        ("order".into(), i.into())
+    }
+
+    #[test]
+    fn sweeps_go_round_the_deferred_aggregates() {
+        let mut d = Deferred {
+            keys: ["a", "b", "c"].into_iter().map(key).collect(),
+            ..Deferred::default()
+        };
+        assert_eq!(d.next_round(2), [key("a"), key("b")]);
+        assert_eq!(d.next_round(2), [key("c"), key("a")]);
+        assert_eq!(d.next_round(5), [key("b"), key("c"), key("a")]);
+        d.keys.clear();
+        assert!(d.next_round(2).is_empty());
+    }
+
+    #[test]
+    fn the_position_confirmed_is_the_last_commit_or_an_idle_keepalive() {
+        let mut b = Batch::default();
+        b.take(Change::Begin);
+        b.take(Change::Idle { wal_end: 5 }); // inside a transaction: not confirmable
+        b.take(Change::Commit { end: 10 });
+        assert_eq!(b.confirmable(), Some(10));
+        assert_eq!(b.confirmable(), None);
+        b.take(Change::Idle { wal_end: 20 });
+        assert_eq!(b.confirmable(), Some(20));
+    }
+}

@@ -1,0 +1,508 @@
+//! The PostgreSQL side of `--source wal`: claiming streamed rows by id, the aggregates handed to
+//! the table (`outbox_wal_deferred`), and, on a control connection, leadership and the slot.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::Client;
+use uuid::Uuid;
+
+use super::{read_claim, ready, Claim, Statements, Stmt, Store};
+use crate::error::{Error, Result};
+use crate::event::OutboxEvent;
+
+/// `(aggregate_type, aggregate_id)`: the unit of ordering.
+pub(crate) type AggregateKey = (String, String);
+
+const CLAIM_IDS: &str = include_str!("../../sql/queries/claim_ids.sql");
+const ROW_STATES: &str = include_str!("../../sql/queries/row_states.sql");
+const PENDING_OF: &str = include_str!("../../sql/queries/pending_of.sql");
+const DEFER: &str = include_str!("../../sql/queries/defer.sql");
+const UNDEFER: &str = include_str!("../../sql/queries/undefer.sql");
+const DEFERRED: &str = include_str!("../../sql/queries/deferred.sql");
+const WAL_LEAD: &str = include_str!("../../sql/queries/wal_lead.sql");
+const WAL_STATE: &str = include_str!("../../sql/queries/wal_state.sql");
+const CREATE_SLOT: &str = include_str!("../../sql/queries/create_slot.sql");
+const DROP_SLOT: &str = include_str!("../../sql/queries/drop_slot.sql");
+const LISTEN: &str = include_str!("../../sql/queries/wal_listen.sql");
+const SLOT_CREATED: &str = include_str!("../../sql/queries/slot_created.sql");
+const SLOT_CAUGHT_UP: &str = include_str!("../../sql/queries/slot_caught_up.sql");
+const SLOT_LAG: &str = include_str!("../../sql/queries/slot_lag.sql");
+
+const UUIDS: &[Type] = &[Type::UUID_ARRAY];
+const KEYS: &[Type] = &[Type::TEXT_ARRAY, Type::TEXT_ARRAY];
+const PENDING_OF_TYPES: &[Type] = &[Type::TEXT_ARRAY, Type::TEXT_ARRAY, Type::INT8];
+
+/// The worker connection's statements of `--source wal`.
+pub(crate) struct WalStatements {
+    claim_ids: Stmt,
+    row_states: Stmt,
+    pending_of: Stmt,
+    defer: Stmt,
+    undefer: Stmt,
+}
+
+impl WalStatements {
+    pub async fn new(client: &Client, prepare: bool) -> Result<WalStatements> {
+        Ok(WalStatements {
+            claim_ids: Stmt::new(client, CLAIM_IDS, UUIDS, prepare).await?,
+            row_states: Stmt::new(client, ROW_STATES, UUIDS, prepare).await?,
+            pending_of: Stmt::new(client, PENDING_OF, PENDING_OF_TYPES, prepare).await?,
+            defer: Stmt::new(client, DEFER, KEYS, prepare).await?,
+            undefer: Stmt::new(client, UNDEFER, KEYS, prepare).await?,
+        })
+    }
+
+    /// Records, in the batch's transaction, the aggregates handed to the table and those taken
+    /// back from it.
+    pub async fn hand_over(
+        &self,
+        client: &Client,
+        defer: &[AggregateKey],
+        undefer: &[AggregateKey],
+    ) -> Result<()> {
+        for (stmt, keys) in [(&self.defer, defer), (&self.undefer, undefer)] {
+            if keys.is_empty() {
+                continue;
+            }
+            let (types, ids): (Vec<&str>, Vec<&str>) =
+                keys.iter().map(|(t, i)| (t.as_str(), i.as_str())).unzip();
+            stmt.execute(client, &[&types, &ids]).await?;
+        }
+        Ok(())
+    }
+}
+
+/// A row to claim by id: in the order to publish, with its aggregate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Candidate {
+    pub id: Uuid,
+    pub aggregate: AggregateKey,
+}
+
+/// What a sweep of aggregates handed to the table found besides its claim.
+#[derive(Debug, Default)]
+pub(crate) struct SweepInfo {
+    /// Aggregates whose every pending row is in the claim (their events go back to the stream
+    /// once these are published).
+    pub complete: Vec<AggregateKey>,
+    /// Aggregates without a pending row: taken back in this batch's transaction.
+    pub cleared: Vec<AggregateKey>,
+    /// The earliest retry due among the rows that are waiting for one.
+    pub next_due: Option<Duration>,
+}
+
+impl Store {
+    /// Opens a transaction and claims the pending, eligible rows among `candidates` (in the
+    /// order to publish), skipping rows another session holds. Each aggregate stops at its first
+    /// row that is still pending but was not claimed (held elsewhere, waiting for a retry,
+    /// dead-lettered): that aggregate goes to [`Claim::defer`], and its rows after that one are
+    /// put back at the commit. Rows published already (a replay) or deleted are skipped.
+    pub async fn claim_ids(&mut self, candidates: &[Candidate]) -> Result<Claim<'_>> {
+        let (client, statements) = ready!(self).await?;
+        let wal = wal_statements(statements)?;
+        self.in_tx = true;
+        client.batch_execute(&self.session.begin).await?;
+        let (groups, marked, defer) = claim_in(client, wal, candidates).await?;
+        Ok(Claim {
+            client,
+            statements,
+            in_tx: &mut self.in_tx,
+            claimed: marked.len(),
+            groups,
+            full: false,
+            marked,
+            defer,
+            undefer: Vec::new(),
+        })
+    }
+
+    /// Opens a transaction and claims, for aggregates handed to the table, their pending rows in
+    /// seq order up to the first one that may not be published now, at most `per_aggregate` of
+    /// each, `max_rows` and about `max_bytes` in all (a single larger row still goes alone).
+    /// Aggregates with no pending row left are taken back in the same transaction.
+    pub async fn sweep(
+        &mut self,
+        aggregates: &[AggregateKey],
+        per_aggregate: usize,
+        max_rows: usize,
+        max_bytes: usize,
+    ) -> Result<(Claim<'_>, SweepInfo)> {
+        let (client, statements) = ready!(self).await?;
+        let wal = wal_statements(statements)?;
+        self.in_tx = true;
+        client.batch_execute(&self.session.begin).await?;
+        let (types, ids): (Vec<&str>, Vec<&str>) = aggregates
+            .iter()
+            .map(|(t, i)| (t.as_str(), i.as_str()))
+            .unzip();
+        // One more than taken: an aggregate that shows no more is complete.
+        let limit = i64::try_from(per_aggregate.saturating_add(1)).unwrap_or(i64::MAX);
+        let rows = wal
+            .pending_of
+            .query(client, &[&types, &ids, &limit])
+            .await?;
+        let mut pending: HashMap<AggregateKey, Vec<PendingRow>> = HashMap::new();
+        let mut info = SweepInfo::default();
+        for row in &rows {
+            let key: AggregateKey = (row.try_get(1)?, row.try_get(2)?);
+            let due: Option<f64> = row.try_get("due_in_seconds")?;
+            let eligible: bool = row.try_get("eligible")?;
+            let dead: bool = row.try_get("dead")?;
+            if !eligible && !dead {
+                let due = Duration::from_secs_f64(due.unwrap_or(0.0).clamp(0.0, 1e9));
+                info.next_due = Some(info.next_due.map_or(due, |d: Duration| d.min(due)));
+            }
+            pending.entry(key).or_default().push(PendingRow {
+                id: row.try_get("id")?,
+                eligible,
+                size: usize::try_from(row.try_get::<_, Option<i32>>("size")?.unwrap_or(0))
+                    .unwrap_or(0),
+            });
+        }
+        let mut candidates = Vec::new();
+        let mut bytes = 0usize;
+        for key in aggregates {
+            let Some(rows) = pending.remove(key) else {
+                info.cleared.push(key.clone());
+                continue;
+            };
+            let mut taken = 0;
+            for row in rows.iter().take(per_aggregate) {
+                let over = candidates.len() >= max_rows
+                    || (!candidates.is_empty() && bytes.saturating_add(row.size) > max_bytes);
+                if !row.eligible || over {
+                    break;
+                }
+                bytes = bytes.saturating_add(row.size);
+                candidates.push(Candidate {
+                    id: row.id,
+                    aggregate: key.clone(),
+                });
+                taken += 1;
+            }
+            if taken == rows.len() {
+                info.complete.push(key.clone());
+            }
+        }
+        let (groups, marked, defer) = claim_in(client, wal, &candidates).await?;
+        let claim = Claim {
+            client,
+            statements,
+            in_tx: &mut self.in_tx,
+            claimed: marked.len(),
+            full: candidates.len() >= max_rows,
+            groups,
+            marked,
+            defer,
+            undefer: info.cleared.clone(),
+        };
+        Ok((claim, info))
+    }
+}
+
+struct PendingRow {
+    id: Uuid,
+    eligible: bool,
+    size: usize,
+}
+
+fn wal_statements(statements: &Statements) -> Result<&WalStatements> {
+    statements.wal.as_ref().ok_or_else(|| {
+        Error::config(
+            "source",
+            "this connection was not opened for the wal source",
+        )
+    })
+}
+
+/// Claims `candidates` inside the open transaction: the groups to publish (one per aggregate, in
+/// candidate order), the ids marked, and the aggregates to hand to the table.
+async fn claim_in(
+    client: &Client,
+    wal: &WalStatements,
+    candidates: &[Candidate],
+) -> Result<(Vec<Vec<OutboxEvent>>, Vec<Uuid>, Vec<AggregateKey>)> {
+    if candidates.is_empty() {
+        return Ok((Vec::new(), Vec::new(), Vec::new()));
+    }
+    let ids: Vec<Uuid> = candidates.iter().map(|c| c.id).collect();
+    let params: [&(dyn ToSql + Sync); 1] = [&ids];
+    let rows = read_claim(client, &wal.claim_ids, &params).await?;
+    let marked: Vec<Uuid> = rows
+        .iter()
+        .filter_map(|r| r.event.as_ref().map(|e| e.id))
+        .collect();
+    let mut claimed: HashMap<Uuid, OutboxEvent> = rows
+        .into_iter()
+        .filter_map(|r| r.event.map(|e| (e.id, e)))
+        .collect();
+    let missing: Vec<Uuid> = ids
+        .iter()
+        .filter(|id| !claimed.contains_key(id))
+        .copied()
+        .collect();
+    let mut still_pending = HashSet::new();
+    if !missing.is_empty() {
+        for row in wal.row_states.query(client, &[&missing]).await? {
+            let pending: bool = row.try_get("pending")?;
+            if pending {
+                still_pending.insert(row.try_get::<_, Uuid>("id")?);
+            }
+        }
+    }
+    let (groups, defer) = group_candidates(candidates, &mut claimed, &still_pending);
+    Ok((groups, marked, defer))
+}
+
+/// Groups the claimed events by aggregate in candidate order. An aggregate stops at its first
+/// candidate that is still pending but was not claimed; it is returned to be handed to the table.
+/// Candidates neither claimed nor pending (published already, deleted) are skipped. Claimed events
+/// after a stop stay in `claimed` (the commit puts them back).
+fn group_candidates(
+    candidates: &[Candidate],
+    claimed: &mut HashMap<Uuid, OutboxEvent>,
+    still_pending: &HashSet<Uuid>,
+) -> (Vec<Vec<OutboxEvent>>, Vec<AggregateKey>) {
+    let mut groups: Vec<Vec<OutboxEvent>> = Vec::new();
+    let mut group_of: HashMap<&AggregateKey, usize> = HashMap::new();
+    let mut stopped: HashSet<&AggregateKey> = HashSet::new();
+    let mut defer = Vec::new();
+    for c in candidates {
+        if stopped.contains(&c.aggregate) {
+            continue;
+        }
+        match claimed.remove(&c.id) {
+            Some(event) => match group_of.get(&c.aggregate) {
+                Some(&g) => groups[g].push(event),
+                None => {
+                    group_of.insert(&c.aggregate, groups.len());
+                    groups.push(vec![event]);
+                }
+            },
+            None if still_pending.contains(&c.id) => {
+                stopped.insert(&c.aggregate);
+                defer.push(c.aggregate.clone());
+            }
+            None => {}
+        }
+    }
+    (groups, defer)
+}
+
+impl Stmt {
+    async fn query(
+        &self,
+        client: &Client,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> std::result::Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        let rows = self.query_raw(client, params).await?;
+        futures::TryStreamExt::try_collect(rows).await
+    }
+}
+
+/// The relay's control connection of `--source wal`: leadership, the slot, the deferred
+/// aggregates. A session of its own (never through a transaction pooler): its advisory lock is the
+/// leadership.
+pub(crate) struct Control {
+    client: Client,
+    /// Notified on this outbox's NOTIFY channel: `dead-letters retry` (and a stopping relay of the
+    /// table source) send one when rows become publishable again.
+    woken: std::sync::Arc<tokio::sync::Notify>,
+}
+
+/// What PostgreSQL says about the replication setup.
+#[derive(Debug, Clone)]
+pub(crate) struct WalState {
+    pub wal_level: String,
+    pub publication: String,
+    pub publication_exists: bool,
+    pub slot: Option<SlotInfo>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct SlotInfo {
+    pub plugin: Option<String>,
+    /// The slot belongs to another database.
+    pub other_database: Option<String>,
+    /// `lost`: invalidated (it can no longer stream).
+    pub wal_status: Option<String>,
+    pub active_pid: Option<i32>,
+    /// The catch-up from the table behind this slot is done.
+    pub caught_up: bool,
+}
+
+impl Control {
+    /// `url` carries the outbox's schema in its session (see `db::with_schema`).
+    pub async fn connect(url: &str) -> Result<Control> {
+        let (client, mut connection) =
+            crate::db::connect_raw(url, "listen_database_url", "outbox-relay-wal").await?;
+        let woken = std::sync::Arc::new(tokio::sync::Notify::new());
+        let notify = woken.clone();
+        tokio::spawn(async move {
+            let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(message) = futures::StreamExt::next(&mut messages).await {
+                match message {
+                    Ok(tokio_postgres::AsyncMessage::Notification(_)) => notify.notify_one(),
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::debug!(error = %e, "control connection closed");
+                        break;
+                    }
+                }
+            }
+        });
+        client.batch_execute(LISTEN).await?;
+        Ok(Control { client, woken })
+    }
+
+    /// Waits for a notification on this outbox's channel.
+    pub async fn woken(&self) {
+        self.woken.notified().await
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.client.is_closed()
+    }
+
+    /// Takes the leadership of `slot` if no other relay holds it (held until this connection
+    /// ends).
+    pub async fn try_lead(&self, slot: &str) -> Result<bool> {
+        let row = self
+            .client
+            .query_typed_one(WAL_LEAD, &[(&slot, Type::TEXT)])
+            .await?;
+        Ok(row.try_get(0)?)
+    }
+
+    pub async fn state(&self, slot: &str) -> Result<WalState> {
+        let row = self
+            .client
+            .query_typed_one(WAL_STATE, &[(&slot, Type::TEXT)])
+            .await?;
+        let plugin: Option<String> = row.try_get("plugin")?;
+        let database: Option<String> = row.try_get("database")?;
+        let current: String = row.try_get("current_database")?;
+        let exists = plugin.is_some() || database.is_some();
+        Ok(WalState {
+            wal_level: row.try_get("wal_level")?,
+            publication: row.try_get("publication")?,
+            publication_exists: row.try_get("publication_exists")?,
+            slot: exists.then(|| SlotInfo {
+                plugin,
+                other_database: database.filter(|d| *d != current),
+                wal_status: row.try_get("wal_status").ok().flatten(),
+                active_pid: row.try_get("active_pid").ok().flatten(),
+                caught_up: row.try_get("caught_up").unwrap_or(false),
+            }),
+        })
+    }
+
+    /// Creates the slot (its catch-up from the table to do); returns its consistent point.
+    pub async fn create_slot(&self, slot: &str) -> Result<String> {
+        self.client
+            .query_typed(SLOT_CREATED, &[(&slot, Type::TEXT)])
+            .await?;
+        let row = self
+            .client
+            .query_typed_one(CREATE_SLOT, &[(&slot, Type::TEXT)])
+            .await?;
+        Ok(row.try_get(0)?)
+    }
+
+    /// The catch-up from the table behind `slot` is done.
+    pub async fn caught_up(&self, slot: &str) -> Result<()> {
+        self.client
+            .query_typed(SLOT_CAUGHT_UP, &[(&slot, Type::TEXT)])
+            .await?;
+        Ok(())
+    }
+
+    pub async fn drop_slot(&self, slot: &str) -> Result<()> {
+        self.client
+            .query_typed(DROP_SLOT, &[(&slot, Type::TEXT)])
+            .await?;
+        Ok(())
+    }
+
+    /// The aggregates handed to the table, and those with a pending row that may not be
+    /// published now (`all_pending`: with any pending row).
+    pub async fn deferred(&self, all_pending: bool) -> Result<Vec<AggregateKey>> {
+        let rows = self
+            .client
+            .query_typed(DEFERRED, &[(&all_pending, Type::BOOL)])
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect()
+    }
+}
+
+/// The WAL slot `slot` retains, in bytes (for the stats task's gauge); `None` while it does not
+/// exist.
+pub(crate) async fn slot_lag(client: &Client, slot: &str) -> Result<Option<f64>> {
+    let rows = client.query_typed(SLOT_LAG, &[(&slot, Type::TEXT)]).await?;
+    match rows.first() {
+        Some(row) => Ok(Some(row.try_get("retained_bytes")?)),
+        None => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn candidate(aggregate: &str) -> Candidate {
+        Candidate {
+            id: Uuid::new_v4(),
+            aggregate: ("order".into(), aggregate.into()),
+        }
+    }
+
+    fn event(c: &Candidate) -> OutboxEvent {
+        OutboxEvent {
+            id: c.id,
+            seq: 1,
+            aggregate_type: c.aggregate.0.clone(),
+            aggregate_id: c.aggregate.1.clone(),
+            event_type: "created".into(),
+            payload: bytes::Bytes::from_static(b"{}"),
+            headers: Default::default(),
+            attempts: 0,
+            created_at: crate::timestamp::Timestamp::now(),
+            defect: None,
+        }
+    }
+
+    #[test]
+    fn candidates_group_in_their_order_and_stop_at_a_pending_row_not_claimed() {
+        // a1 a2(held elsewhere) a3 | b1 b2 | c1(published already) c2 | d1(deleted)
+        let c = [
+            candidate("a"),
+            candidate("b"),
+            candidate("a"),
+            candidate("c"),
+            candidate("b"),
+            candidate("a"),
+            candidate("c"),
+            candidate("d"),
+        ];
+        let not_claimed = [c[2].id, c[3].id, c[7].id];
+        let mut claimed: HashMap<Uuid, OutboxEvent> = c
+            .iter()
+            .filter(|x| !not_claimed.contains(&x.id))
+            .map(|x| (x.id, event(x)))
+            .collect();
+        let still_pending: HashSet<Uuid> = [c[2].id].into();
+        let (groups, defer) = group_candidates(&c, &mut claimed, &still_pending);
+        let ids: Vec<Vec<Uuid>> = groups
+            .iter()
+            .map(|g| g.iter().map(|e| e.id).collect())
+            .collect();
+        assert_eq!(ids, [vec![c[0].id], vec![c[1].id, c[4].id], vec![c[6].id]]);
+        assert_eq!(defer, [("order".to_string(), "a".to_string())]);
+        // a3 was claimed but comes after a2: left for the commit to put back.
+        assert_eq!(claimed.keys().copied().collect::<Vec<_>>(), [c[5].id]);
+    }
+}

@@ -1,0 +1,277 @@
+//! The replication stream of `--source wal`: a logical replication connection (pgoutput, through
+//! `pgwire-replication`) turned into the few facts the relay needs, in commit order: an outbox
+//! row was inserted (its id and aggregate), a transaction committed, the server is idle at a
+//! position. The relay loop (`relay::wal`) sees these, never the protocol.
+
+pub(crate) mod pgoutput;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures::FutureExt;
+use pgwire_replication::{
+    Lsn, PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent, SslMode, TlsConfig,
+};
+use uuid::Uuid;
+
+use crate::error::{Error, Result};
+use crate::store::wal::{AggregateKey, Candidate};
+use crate::tls::{Mode, RootCert, TlsSettings};
+use pgoutput::{Message, Relation, Value};
+
+/// One fact from the stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Change {
+    /// A committed insert into the outbox; `size`: its bytes in the stream (the byte budget).
+    Insert { row: Candidate, size: usize },
+    /// The transaction of the inserts before this one committed; `end`: the position after it.
+    Commit { end: u64 },
+    /// The server has sent everything up to `wal_end` (a keepalive).
+    Idle { wal_end: u64 },
+    /// A transaction begins.
+    Begin,
+}
+
+/// Where `id`, `aggregate_type` and `aggregate_id` are in a relation's tuples.
+#[derive(Debug, Clone, Copy)]
+struct Columns {
+    id: usize,
+    aggregate_type: usize,
+    aggregate_id: usize,
+}
+
+/// A running replication stream from one slot.
+pub(crate) struct Stream {
+    client: ReplicationClient,
+    relations: HashMap<u32, Columns>,
+}
+
+impl Stream {
+    /// Starts streaming `slot` (from its confirmed position) with `publication`. `url` is a
+    /// libpq connection string (the same forms and TLS settings as every connection of the relay).
+    pub async fn start(
+        url: &str,
+        slot: &str,
+        publication: &str,
+        buffer_events: usize,
+    ) -> Result<Stream> {
+        let config = replication_config(url, slot, publication, buffer_events)?;
+        let mut client = ReplicationClient::connect(config)
+            .await
+            .map_err(replication_error)?;
+        client.wait_started().await.map_err(replication_error)?;
+        Ok(Stream {
+            client,
+            relations: HashMap::new(),
+        })
+    }
+
+    /// The next change, waiting for it. `None`: the server ended the stream.
+    pub async fn next(&mut self) -> Result<Option<Change>> {
+        loop {
+            let event = self.client.recv().await.map_err(replication_error)?;
+            match event {
+                None => return Ok(None),
+                Some(event) => {
+                    if let Some(change) = self.change(event)? {
+                        return Ok(Some(change));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The next change if one is there already (`None`: nothing without waiting).
+    pub fn ready(&mut self) -> Result<Option<Change>> {
+        loop {
+            let Some(event) = self.client.recv().now_or_never() else {
+                return Ok(None);
+            };
+            match event.map_err(replication_error)? {
+                None => return Err(Error::replication("the server ended the stream", true)),
+                Some(event) => {
+                    if let Some(change) = self.change(event)? {
+                        return Ok(Some(change));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Everything up to `lsn` is done with: the slot may move past it (sent with the next
+    /// standby status update).
+    pub fn confirm(&self, lsn: u64) {
+        self.client.update_applied_lsn(Lsn::from_u64(lsn));
+    }
+
+    /// Ends the stream cleanly (the last confirmed position reaches the server), within a bound.
+    pub async fn stop(mut self) {
+        let stop = self.client.shutdown();
+        if tokio::time::timeout(Duration::from_secs(5), stop)
+            .await
+            .is_err()
+        {
+            self.client.abort();
+        }
+    }
+
+    fn change(&mut self, event: ReplicationEvent) -> Result<Option<Change>> {
+        Ok(match event {
+            ReplicationEvent::Begin { .. } => Some(Change::Begin),
+            ReplicationEvent::Commit { end_lsn, .. } => Some(Change::Commit {
+                end: end_lsn.as_u64(),
+            }),
+            ReplicationEvent::KeepAlive { wal_end, .. } => Some(Change::Idle {
+                wal_end: wal_end.as_u64(),
+            }),
+            ReplicationEvent::XLogData { data, .. } => {
+                let size = data.len();
+                match pgoutput::decode(&data)
+                    .map_err(|e| Error::replication(e.to_string(), false))?
+                {
+                    Message::Relation(relation) => {
+                        let columns = columns(&relation)?;
+                        self.relations.insert(relation.id, columns);
+                        None
+                    }
+                    Message::Insert { relation, values } => {
+                        let columns = self.relations.get(&relation).ok_or_else(|| {
+                            Error::replication(
+                                format!("insert into relation {relation} before its description"),
+                                false,
+                            )
+                        })?;
+                        Some(Change::Insert {
+                            row: candidate(columns, &values)?,
+                            size,
+                        })
+                    }
+                    Message::Other(_) => None,
+                }
+            }
+            ReplicationEvent::Message { .. } | ReplicationEvent::StoppedAt { .. } => None,
+        })
+    }
+}
+
+fn columns(relation: &Relation) -> Result<Columns> {
+    let find = |name: &str| {
+        relation.column(name).ok_or_else(|| {
+            Error::replication(
+                format!(
+                    "the publication streams {}.{}, which has no column {name}: it must publish outbox_events only (migrate --wal)",
+                    relation.namespace, relation.name
+                ),
+                false,
+            )
+        })
+    };
+    Ok(Columns {
+        id: find("id")?,
+        aggregate_type: find("aggregate_type")?,
+        aggregate_id: find("aggregate_id")?,
+    })
+}
+
+/// The row's id and aggregate from its text values. The id is a uuid column, so it always parses;
+/// the aggregate is taken as PostgreSQL sent it (lossily for bytes that are not UTF-8, which only a
+/// SQL_ASCII database holds: the same bytes always give the same key).
+fn candidate(columns: &Columns, values: &[Value]) -> Result<Candidate> {
+    let text = |at: usize, name: &str| match values.get(at) {
+        Some(Value::Text(bytes)) => Ok(String::from_utf8_lossy(bytes).into_owned()),
+        Some(Value::Null) => Ok(String::new()),
+        _ => Err(Error::replication(
+            format!("an inserted row has no text value for {name}"),
+            false,
+        )),
+    };
+    let id = text(columns.id, "id")?;
+    let id = Uuid::parse_str(&id)
+        .map_err(|e| Error::replication(format!("id {id:?} is not a uuid: {e}"), false))?;
+    let aggregate: AggregateKey = (
+        text(columns.aggregate_type, "aggregate_type")?,
+        text(columns.aggregate_id, "aggregate_id")?,
+    );
+    Ok(Candidate { id, aggregate })
+}
+
+/// The replication connection's settings from a libpq connection string.
+fn replication_config(
+    url: &str,
+    slot: &str,
+    publication: &str,
+    buffer_events: usize,
+) -> Result<ReplicationConfig> {
+    let field = "listen_database_url";
+    let (config, tls) = crate::db::parse_with_tls(url, field)?;
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        Some(tokio_postgres::config::Host::Unix(path)) => path.to_string_lossy().into_owned(),
+        None => "localhost".into(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config
+        .get_user()
+        .ok_or_else(|| Error::config(field, "names no user"))?
+        .to_string();
+    let password = config
+        .get_password()
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .unwrap_or_default();
+    let database = config.get_dbname().unwrap_or(&user).to_string();
+    let mut replication = ReplicationConfig::new(host, user, password, database, slot, publication)
+        .with_port(port)
+        .with_tls(tls_config(&tls))
+        .with_application_name("outbox-relay-wal")
+        // The confirmed position reaches the server within a second (the lag gauge, and the WAL
+        // it can recycle); idle, a keepalive at least every 10 s.
+        .with_status_interval(Duration::from_secs(1))
+        .with_wakeup_interval(Duration::from_secs(10))
+        .with_buffer_size(buffer_events.max(16));
+    if let Some(options) = config.get_options() {
+        replication = replication.with_options(options);
+    }
+    Ok(replication)
+}
+
+/// The relay's TLS settings (sslmode, sslrootcert, sslcert, sslkey, and their variables) for the
+/// replication connection.
+fn tls_config(tls: &TlsSettings) -> TlsConfig {
+    let root = match &tls.root_cert {
+        Some(RootCert::File(path)) => Some(path.clone()),
+        _ => None,
+    };
+    let mut config = match tls.mode {
+        Mode::Disable => TlsConfig::disabled(),
+        Mode::Prefer => TlsConfig {
+            mode: SslMode::Prefer,
+            ..TlsConfig::default()
+        },
+        // libpq: `require` with a root certificate verifies the chain.
+        Mode::Require if root.is_some() => TlsConfig::verify_ca(root),
+        Mode::Require => TlsConfig::require(),
+        Mode::VerifyCa => TlsConfig::verify_ca(root),
+        Mode::VerifyFull => TlsConfig::verify_full(root),
+    };
+    if let Some(cert) = &tls.client_cert {
+        config = config.with_client_cert(cert.cert.clone(), cert.key.clone());
+    }
+    config
+}
+
+/// The replication client's errors as the relay's: I/O (the connection) heals by reconnecting;
+/// credentials, TLS and the server's refusals (no slot, no privilege) are reported as they are,
+/// and the relay checks the slot again before it retries.
+fn replication_error(e: PgWireError) -> Error {
+    let retryable = e.is_transient() || matches!(e, PgWireError::Server(_));
+    let text = e.to_string();
+    // Privileges and pg_hba.conf: 42501 insufficient_privilege, 28000 invalid_authorization.
+    let refused = ["SQLSTATE 42501", "SQLSTATE 28000", "SQLSTATE 28P01"]
+        .iter()
+        .any(|code| text.contains(code));
+    let fatal = e.is_auth() || e.is_tls() || refused;
+    Error::replication(
+        crate::db::redact(&format!("replication connection: {e}")),
+        retryable && !fatal,
+    )
+}

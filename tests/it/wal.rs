@@ -1,0 +1,399 @@
+//! `--source wal`: events streamed from a logical replication slot, in commit order, with every
+//! guarantee of the table source (at least once, per-aggregate order, retries, dead letters that
+//! block only their aggregate, broker outages that spend no attempts), and the slot's own edges
+//! (killed relays, a restarted PostgreSQL, a dropped slot, relays standing by).
+
+use std::time::Duration;
+
+use outbox_relay::RelayConfig;
+use testkit::outbox::{assert_ledger, CliRelay, Env};
+use testkit::{wait_until, PgCluster, PgOptions};
+
+async fn drained(env: &Env, timeout: Duration) {
+    wait_until("every row processed", timeout, || async {
+        env.count("processed_at IS NULL").await == 0
+    })
+    .await;
+}
+
+/// The slot's confirmed position, as text (`None`: no slot).
+async fn confirmed(env: &Env) -> Option<String> {
+    env.client()
+        .await
+        .query_opt(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+            &[&env.slot_name()],
+        )
+        .await
+        .expect("slot query")
+        .and_then(|r| r.get(0))
+}
+
+/// `--source wal` through the CLI, with the test's slot (its log in a file).
+fn cli_wal(env: &Env, extra: &[&str]) -> CliRelay {
+    let slot = env.slot_name();
+    let mut args = vec!["--source", "wal", "--slot-name", slot.as_str()];
+    args.extend_from_slice(extra);
+    CliRelay::run_logged(env, &args)
+}
+
+/// Waits until a relay streams from the test's slot (past creating it and catching up).
+async fn streaming(env: &Env) {
+    let client = env.client().await;
+    wait_until(
+        "a relay streams from the slot",
+        Duration::from_secs(30),
+        || async {
+            client
+                .query_one(
+                    // A walsender holds the slot (creating it holds it too, from another backend).
+                    "SELECT EXISTS (SELECT FROM pg_replication_slots s
+                                JOIN pg_stat_replication r ON r.pid = s.active_pid
+                                WHERE s.slot_name = $1)",
+                    &[&env.slot_name()],
+                )
+                .await
+                .expect("slot query")
+                .get(0)
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn streams_committed_events_with_the_table_sources_subject_headers_and_ids() {
+    let env = Env::new().await;
+    // Rows written before the slot exists are caught up from the table.
+    env.insert_sql(5, "before", "order.created").await;
+    let relay = env.spawn(env.wal_config().await).await;
+    env.wait_stream_len(5, Duration::from_secs(30)).await;
+    env.insert_interleaved(20, 10).await;
+    env.insert_sql(3, "after", "order.paid").await;
+    env.wait_stream_len(208, Duration::from_secs(30)).await;
+    drained(&env, Duration::from_secs(10)).await;
+    let stored = env.stored().await;
+    assert_ledger(&env.written().await, &stored);
+    let paid = stored
+        .iter()
+        .find(|m| m.headers["Outbox-Aggregate-Id"] == "after");
+    let paid = paid.expect("an event of aggregate `after`");
+    assert_eq!(paid.subject, "outbox.order.paid");
+    assert_eq!(paid.headers["Nats-Msg-Id"], paid.headers["Outbox-Event-Id"]);
+    assert_eq!(paid.headers["Outbox-Event-Type"], "order.paid");
+    // The slot's position moves past what was published.
+    let first = confirmed(&env).await.expect("the relay created its slot");
+    env.insert_sql(1, "later", "order.created").await;
+    env.wait_stream_len(209, Duration::from_secs(30)).await;
+    wait_until(
+        "the slot confirms the new event",
+        Duration::from_secs(10),
+        || async { confirmed(&env).await != Some(first.clone()) },
+    )
+    .await;
+    relay.stop().await;
+    assert_eq!(env.stream_len().await, 209, "nothing published twice");
+}
+
+/// Two writers append to one aggregate without locking it: the one that took the lower seq
+/// commits last. The table source publishes in seq order (the README's one case no table relay can
+/// order); the stream publishes in commit order.
+#[tokio::test]
+async fn concurrent_writers_committing_out_of_seq_order_are_published_in_commit_order() {
+    let env = Env::new().await;
+    let relay = env.spawn(env.wal_config().await).await;
+    // Creating the slot waits for the transactions open at the time, which would then be caught
+    // up from the table (in seq order): start writing once the relay streams.
+    streaming(&env).await;
+    let insert = "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+                  VALUES ('order', 'o1', 'order.step', $1) RETURNING seq";
+    let mut expected = Vec::new();
+    for round in 0..5 {
+        let (mut early, mut late) = (env.client().await, env.client().await);
+        let early_tx = early.transaction().await.expect("begin");
+        let late_tx = late.transaction().await.expect("begin");
+        let low: i64 = early_tx
+            .query_one(
+                insert,
+                &[&serde_json::json!({"round": round, "writer": "low"})],
+            )
+            .await
+            .expect("insert")
+            .get(0);
+        let high: i64 = late_tx
+            .query_one(
+                insert,
+                &[&serde_json::json!({"round": round, "writer": "high"})],
+            )
+            .await
+            .expect("insert")
+            .get(0);
+        assert!(low < high);
+        late_tx.commit().await.expect("commit");
+        early_tx.commit().await.expect("commit");
+        expected.extend([high, low]);
+    }
+    env.wait_stream_len(10, Duration::from_secs(30)).await;
+    drained(&env, Duration::from_secs(10)).await;
+    let seqs = published_seqs(&env).await;
+    assert_eq!(seqs, expected, "published in commit order");
+    relay.stop().await;
+}
+
+/// The seq of each stored event, in stream order.
+async fn published_seqs(env: &Env) -> Vec<i64> {
+    let written = env.written().await;
+    env.stored()
+        .await
+        .iter()
+        .map(|m| {
+            let id = m.event_id();
+            written
+                .iter()
+                .find(|w| w.id == id)
+                .map(|w| w.seq)
+                .expect("a written event")
+        })
+        .collect()
+}
+
+/// A row no subject can be made of is dead-lettered; its aggregate's later events wait behind it
+/// (pending, in the table), other aggregates go on in the stream; a retry of the dead letter
+/// releases them in order.
+#[tokio::test]
+async fn a_poison_row_is_dead_lettered_and_blocks_only_its_own_aggregate() {
+    let env = Env::new().await;
+    let relay = env.spawn(env.wal_config().await).await;
+    env.insert_sql(1, "p", "order.created").await;
+    env.insert_sql(1, "p", "bad.*").await; // a wildcard: no valid subject
+    env.insert_sql(2, "p", "order.after").await;
+    env.insert_sql(3, "ok", "order.created").await;
+    env.wait_dead_letters(1, Duration::from_secs(30)).await;
+    env.wait_stream_len(4, Duration::from_secs(30)).await;
+    assert_eq!(
+        env.count("processed_at IS NULL AND dead_lettered_at IS NULL")
+            .await,
+        2
+    );
+    // Later events of other aggregates still flow; `p` stays blocked.
+    env.insert_sql(2, "ok2", "order.created").await;
+    env.insert_sql(1, "p", "order.after").await;
+    env.wait_stream_len(6, Duration::from_secs(30)).await;
+    assert_eq!(
+        env.count("processed_at IS NULL AND dead_lettered_at IS NULL")
+            .await,
+        3
+    );
+    let (code, out, err) = testkit::outbox::cli(&env.db, &["status"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("dead letters"), "{out}");
+    // Fix the row and retry it: the dead letter, then the three behind it, in order.
+    env.client()
+        .await
+        .execute(
+            "UPDATE outbox_events SET event_type = 'order.fixed' WHERE event_type = 'bad.*'",
+            &[],
+        )
+        .await
+        .expect("fix");
+    let (code, _, err) = testkit::outbox::cli(&env.db, &["dead-letters", "retry", "--all"]);
+    assert_eq!(code, Some(0), "{err}");
+    env.wait_stream_len(10, Duration::from_secs(30)).await;
+    drained(&env, Duration::from_secs(10)).await;
+    assert_ledger(&env.written().await, &env.stored().await);
+    // The aggregate is back in the stream: a new event goes out at once.
+    env.insert_sql(1, "p", "order.last").await;
+    env.wait_stream_len(11, Duration::from_secs(10)).await;
+    relay.stop().await;
+}
+
+#[tokio::test]
+async fn a_broker_outage_spends_no_attempts_and_loses_nothing() {
+    let mut env = Env::new().await;
+    let config = RelayConfig {
+        max_attempts: 2,
+        ..env.wal_config().await
+    };
+    let relay = env.spawn(config).await;
+    env.insert_sql(10, "a", "order.created").await;
+    env.wait_stream_len(10, Duration::from_secs(30)).await;
+    env.nats.stop();
+    env.insert_interleaved(10, 10).await;
+    // Long enough for many publish timeouts and retries.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    env.nats.start_again();
+    env.wait_stream_len(110, Duration::from_secs(60)).await;
+    drained(&env, Duration::from_secs(30)).await;
+    assert_eq!(env.count("dead_lettered_at IS NOT NULL").await, 0);
+    assert_eq!(env.count("attempts > 0").await, 0, "no attempt spent");
+    assert_ledger(&env.written().await, &env.stored().await);
+    relay.stop().await;
+}
+
+#[tokio::test]
+async fn relay_sigkilled_mid_stream_loses_and_reorders_nothing() {
+    let _turn = testkit::heavy().await;
+    let env = Env::new().await;
+    env.wal_config().await; // the publication
+    env.insert_interleaved(100, 20).await;
+    let seed = fastrand::u64(..);
+    eprintln!("kill points seed: {seed}");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    for round in 0..5 {
+        let before = env.stream_len().await;
+        // Always something new for this round's relay (the last one may have published all).
+        env.insert_interleaved(100, 2).await;
+        let relay = cli_wal(&env, &["--batch-size", "200"]);
+        wait_until(
+            &format!("round {round}: relay makes progress"),
+            Duration::from_secs(30),
+            || async { env.stream_len().await > before },
+        )
+        .await;
+        // New events keep arriving while the relay dies.
+        env.insert_interleaved(100, 2).await;
+        tokio::time::sleep(Duration::from_millis(rng.u64(0..100))).await;
+        relay.kill();
+    }
+    let relay = cli_wal(&env, &["--batch-size", "200"]);
+    drained(&env, Duration::from_secs(60)).await;
+    env.wait_stream_len(4000, Duration::from_secs(30)).await;
+    assert_ledger(&env.written().await, &env.stored().await);
+    assert_eq!(relay.terminate(), Some(0));
+}
+
+#[tokio::test]
+async fn postgres_restarts_mid_stream() {
+    let _turn = testkit::heavy().await;
+    let mut pg = PgCluster::start(PgOptions::default());
+    let env = Env::on(&pg).await;
+    env.wal_config().await;
+    let relay = cli_wal(&env, &[]);
+    env.insert_interleaved(50, 10).await;
+    env.wait_stream_len(1, Duration::from_secs(30)).await;
+    pg.stop();
+    pg.start_again();
+    env.insert_interleaved(50, 2).await;
+    env.wait_stream_len(600, Duration::from_secs(90)).await;
+    drained(&env, Duration::from_secs(30)).await;
+    assert_ledger(&env.written().await, &env.stored().await);
+    assert_eq!(relay.terminate(), Some(0));
+}
+
+/// An operator drops the slot (terminating the relay's walsender first, as PostgreSQL requires):
+/// the relay says so, creates it again and catches up from the table.
+#[tokio::test]
+async fn a_slot_dropped_by_an_operator_is_recreated_and_nothing_is_lost() {
+    let env = Env::new().await;
+    let relay = env.spawn(env.wal_config().await).await;
+    env.insert_sql(10, "a", "order.created").await;
+    env.wait_stream_len(10, Duration::from_secs(30)).await;
+    let admin = env.client().await;
+    let slot = env.slot_name();
+    wait_until("the slot dropped", Duration::from_secs(30), || async {
+        admin
+            .execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
+                 WHERE slot_name = $1 AND active_pid IS NOT NULL",
+                &[&slot],
+            )
+            .await
+            .expect("terminate");
+        admin
+            .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+            .await
+            .is_ok()
+    })
+    .await;
+    // Written while there is no slot: only the table has them.
+    env.insert_interleaved(10, 5).await;
+    env.wait_stream_len(60, Duration::from_secs(60)).await;
+    drained(&env, Duration::from_secs(10)).await;
+    assert!(confirmed(&env).await.is_some(), "the slot exists again");
+    assert_ledger(&env.written().await, &env.stored().await);
+    relay.stop().await;
+}
+
+/// Two relays on one outbox: one streams, the other stands by and takes over when the first dies.
+#[tokio::test]
+async fn a_relay_standing_by_takes_over_when_the_streaming_one_dies() {
+    let env = Env::new().await;
+    env.wal_config().await;
+    let first = cli_wal(&env, &[]);
+    env.insert_sql(5, "a", "order.created").await;
+    env.wait_stream_len(5, Duration::from_secs(30)).await;
+    let second = cli_wal(&env, &[]);
+    env.insert_sql(5, "b", "order.created").await;
+    env.wait_stream_len(10, Duration::from_secs(30)).await;
+    first.kill();
+    env.insert_sql(5, "c", "order.created").await;
+    env.wait_stream_len(15, Duration::from_secs(30)).await;
+    drained(&env, Duration::from_secs(10)).await;
+    assert_ledger(&env.written().await, &env.stored().await);
+    let mut second = second;
+    assert_eq!(second.check_alive(), Ok(()));
+    let log = second.log_tail();
+    assert!(log.contains("took over the replication slot"), "{log}");
+    assert_eq!(second.terminate(), Some(0));
+}
+
+#[tokio::test]
+async fn without_the_publication_the_relay_says_to_run_migrate_wal() {
+    let env = Env::new().await;
+    let mut relay = cli_wal(&env, &[]);
+    wait_until("the relay exits", Duration::from_secs(30), || {
+        let exited = relay.try_wait().is_some();
+        async move { exited }
+    })
+    .await;
+    let code = relay.try_wait().and_then(|s| s.code());
+    let log = relay.log_tail();
+    assert_eq!(code, Some(1), "{log}");
+    assert!(log.contains("migrate --wal"), "{log}");
+}
+
+#[tokio::test]
+async fn status_and_metrics_tell_about_the_slot() {
+    let env = Env::new().await;
+    let addr = testkit::free_addr();
+    let config = RelayConfig {
+        metrics_addr: Some(addr),
+        stats_interval: Duration::from_millis(200),
+        ..env.wal_config().await
+    };
+    let relay = env.spawn(config).await;
+    streaming(&env).await;
+    env.insert_sql(3, "a", "order.created").await;
+    env.wait_stream_len(3, Duration::from_secs(30)).await;
+    wait_until("the slot's gauges", Duration::from_secs(10), || async {
+        let Some((200, text)) = testkit::http_get(addr, "/metrics").await else {
+            return false;
+        };
+        text.contains("outbox_wal_streaming 1")
+            && text
+                .lines()
+                .any(|l| l.starts_with("outbox_replication_lag_bytes ") && !l.ends_with(" 0"))
+    })
+    .await;
+    let slot = env.slot_name();
+    let (code, out, err) = testkit::outbox::cli(&env.db, &["status"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains(&format!("wal slot {slot}:  streaming")),
+        "{out}"
+    );
+    let (code, out, err) = testkit::outbox::cli(&env.db, &["status", "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).expect("json");
+    let slots = json["wal_slots"].as_array().expect("wal_slots");
+    assert_eq!(slots.len(), 1, "{out}");
+    assert_eq!(slots[0]["slot_name"], slot.as_str());
+    assert_eq!(slots[0]["active"], true);
+    assert_eq!(slots[0]["caught_up"], true);
+    assert_eq!(json["pending"], 0);
+    relay.stop().await;
+    let (_, out, _) = testkit::outbox::cli(&env.db, &["status"]);
+    assert!(
+        out.contains(&format!("wal slot {slot}:  inactive")),
+        "{out}"
+    );
+}
