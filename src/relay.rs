@@ -236,7 +236,10 @@ impl Relay {
                 publisher,
                 metrics: &self.metrics,
                 health: &self.health,
-                store: Store::for_wal(config.database_url.clone(), session),
+                stores: [
+                    Store::for_wal(config.database_url.clone(), session.clone()),
+                    Store::for_wal(config.database_url.clone(), session),
+                ],
                 slot: config.slot(),
                 trouble: trouble_backoff(),
             };

@@ -198,6 +198,9 @@ pub(crate) struct Claim<'a> {
     /// the batch's transaction (see `store::wal`).
     pub defer: Vec<wal::AggregateKey>,
     pub undefer: Vec<wal::AggregateKey>,
+    /// `--source wal`: streamed rows not visible yet (with their aggregates' later ones), to
+    /// claim again shortly.
+    pub carry: Vec<wal::Candidate>,
 }
 
 impl Store {
@@ -350,6 +353,7 @@ impl Store {
             marked,
             defer: Vec::new(),
             undefer: Vec::new(),
+            carry: Vec::new(),
         })
     }
 
@@ -643,7 +647,69 @@ fn headers_from_json(text: Option<String>) -> (BTreeMap<String, String>, Option<
     }
 }
 
+/// A claim whose transaction stays open on its store's connection while the store is free for
+/// other borrows: `--source wal` claims the next batch while the one before is published.
+pub(crate) struct OpenClaim {
+    groups: Vec<Vec<OutboxEvent>>,
+    claimed: usize,
+    full: bool,
+    marked: Vec<Uuid>,
+    defer: Vec<wal::AggregateKey>,
+    undefer: Vec<wal::AggregateKey>,
+    carry: Vec<wal::Candidate>,
+}
+
+impl OpenClaim {
+    pub fn groups_mut(&mut self) -> &mut Vec<Vec<OutboxEvent>> {
+        &mut self.groups
+    }
+
+    /// Streamed rows of this claim not visible yet (see [`Claim::carry`]).
+    pub fn take_carry(&mut self) -> Vec<wal::Candidate> {
+        std::mem::take(&mut self.carry)
+    }
+}
+
+impl Store {
+    /// The claim opened on this store's connection by [`Claim::into_open`], to publish and
+    /// finish. Fails when the connection was lost meanwhile (the transaction is gone with it).
+    pub fn resume(&mut self, open: OpenClaim) -> Result<Claim<'_>> {
+        let live = self.in_tx && self.conn.as_ref().is_some_and(|(c, _)| !c.is_closed());
+        let Some((client, statements)) = self.conn.as_ref().filter(|_| live) else {
+            return Err(crate::error::Error::replication(
+                "the connection of a claimed batch closed before its publish",
+                true,
+            ));
+        };
+        Ok(Claim {
+            client,
+            statements,
+            in_tx: &mut self.in_tx,
+            groups: open.groups,
+            claimed: open.claimed,
+            full: open.full,
+            marked: open.marked,
+            defer: open.defer,
+            undefer: open.undefer,
+            carry: open.carry,
+        })
+    }
+}
+
 impl Claim<'_> {
+    /// Leaves the transaction open and the store free (see [`OpenClaim`]).
+    pub fn into_open(self) -> OpenClaim {
+        OpenClaim {
+            groups: self.groups,
+            claimed: self.claimed,
+            full: self.full,
+            marked: self.marked,
+            defer: self.defer,
+            undefer: self.undefer,
+            carry: self.carry,
+        }
+    }
+
     /// Puts back the marked rows that were not published, records the failures (one statement
     /// each, only when needed) and commits.
     pub async fn finish(self, published: &[Uuid], failures: &[Failure]) -> Result<()> {

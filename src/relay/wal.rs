@@ -6,7 +6,7 @@
 //! order until none is left, then the stream takes the aggregate back. The slot's position moves
 //! past a transaction only once each of its events is published or pending in the table.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ops::Bound;
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,7 @@ use backoff::exponential::ExponentialBackoff;
 use backoff::SystemClock;
 use tokio::time::sleep_until;
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
 use super::batch::{process_batch, run_claim, BatchReport};
 use super::pause;
@@ -24,7 +25,7 @@ use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::publisher::Publisher;
 use crate::store::wal::{AggregateKey, Candidate, Control};
-use crate::store::Store;
+use crate::store::{OpenClaim, Store};
 use crate::wal::{Change, Stream};
 
 /// How often a relay standing by asks for the leadership.
@@ -32,6 +33,34 @@ const STANDBY_POLL: Duration = Duration::from_secs(1);
 
 /// Aggregates handed to the table looked at per sweep.
 const SWEEP_AGGREGATES: usize = 100;
+
+/// A streamed row not visible yet is claimed again after this pause. PostgreSQL writes a commit
+/// record (which the stream sends) a moment before the transaction becomes visible to others.
+const VISIBILITY_RETRY: Duration = Duration::from_millis(1);
+
+/// A streamed row still not found after this long was deleted before it was published: it is
+/// given up (logged), and its aggregate goes on.
+const UNSEEN_LIMIT: Duration = Duration::from_secs(10);
+
+/// Notes the rows carried over (`unseen`: since when each is carried) and gives up those not
+/// found for [`UNSEEN_LIMIT`]: they were deleted. Only an aggregate's first carried row can be the
+/// one not found; its later rows are claimed again.
+fn give_up_unseen(carry: &mut Vec<Candidate>, unseen: &mut HashMap<Uuid, Instant>) {
+    let now = Instant::now();
+    let mut firsts: HashSet<&AggregateKey> = HashSet::new();
+    let mut gone: Vec<(Uuid, AggregateKey)> = Vec::new();
+    for c in carry.iter() {
+        let since = *unseen.entry(c.id).or_insert(now);
+        if firsts.insert(&c.aggregate) && now.duration_since(since) >= UNSEEN_LIMIT {
+            gone.push((c.id, c.aggregate.clone()));
+        }
+    }
+    for (id, aggregate) in &gone {
+        tracing::warn!(event_id = %id, aggregate_type = %aggregate.0, aggregate_id = %aggregate.1, "a streamed event is not in outbox_events (deleted before it was published); skipping it");
+        unseen.remove(id);
+    }
+    carry.retain(|c| !gone.iter().any(|(id, _)| *id == c.id));
+}
 
 /// Why leading stopped (shutdown returns `Ok`).
 enum Stop {
@@ -59,7 +88,8 @@ pub(super) struct WalRelay<'a> {
     pub publisher: Publisher,
     pub metrics: &'a Metrics,
     pub health: &'a Health,
-    pub store: Store,
+    /// Two worker connections: one publishes a batch while the other claims the next.
+    pub stores: [Store; 2],
     pub slot: String,
     pub trouble: ExponentialBackoff<SystemClock>,
 }
@@ -290,8 +320,13 @@ impl WalRelay<'_> {
             if shutdown.is_cancelled() {
                 return Ok(false);
             }
-            let result =
-                process_batch(self.config, &self.publisher, self.metrics, &mut self.store).await;
+            let result = process_batch(
+                self.config,
+                &self.publisher,
+                self.metrics,
+                &mut self.stores[0],
+            )
+            .await;
             match result {
                 Ok(report) if report.broker_failures == 0 && !report.full => {
                     published += report.published;
@@ -326,6 +361,11 @@ impl WalRelay<'_> {
         shutdown: &CancellationToken,
     ) -> std::result::Result<(), Stop> {
         let mut batch = Batch::default();
+        let mut unseen: HashMap<Uuid, Instant> = HashMap::new();
+        // The batch claimed (on `stores[open.store]`) but not published yet.
+        let mut open: Option<InFlight> = None;
+        // The newest position of finished batches, confirmed once no row before it is carried.
+        let mut confirm: Option<u64> = None;
         loop {
             if control.is_closed() {
                 return Err(Stop::Retry(Error::replication(
@@ -333,101 +373,90 @@ impl WalRelay<'_> {
                     true,
                 )));
             }
-            let sweep_at = deferred.sweep_at;
-            let first = tokio::select! {
-                _ = shutdown.cancelled() => {
-                    stream.stop().await;
-                    return Ok(());
-                }
-                _ = sleep_until(sweep_at.unwrap_or_else(Instant::now).into()), if sweep_at.is_some() => {
-                    deferred.sweep_at = None;
-                    self.sweep(&mut deferred).await;
-                    continue;
-                }
-                _ = control.woken() => {
-                    // Rows became publishable again (`dead-letters retry`).
-                    if !deferred.keys.is_empty() {
-                        deferred.sweep_in(Duration::ZERO);
-                    }
-                    continue;
-                }
-                change = stream.next() => change?,
-            };
-            let Some(first) = first else {
-                return Err(Stop::Retry(Error::replication(
-                    "the server ended the replication stream",
-                    true,
-                )));
-            };
-            batch.take(first);
-            while batch.candidates.len() < self.config.batch_size
-                && batch.bytes < self.config.max_batch_bytes
-            {
-                match stream.ready()? {
-                    Some(change) => batch.take(change),
-                    None => break,
-                }
-            }
-            if !batch.candidates.is_empty() {
-                let candidates = std::mem::take(&mut batch.candidates);
-                batch.bytes = 0;
-                if !self
-                    .publish_streamed(control, candidates, &mut deferred, shutdown)
-                    .await?
-                {
-                    stream.stop().await;
-                    return Ok(());
-                }
-            }
-            if let Some(lsn) = batch.confirmable() {
-                stream.confirm(lsn);
-            }
-        }
-    }
-
-    /// Publishes one batch of streamed inserts, retrying it (the same rows) through the broker's
-    /// or the database's trouble. `false`: shutdown came first (nothing of the batch is confirmed;
-    /// the next leader streams it again).
-    async fn publish_streamed(
-        &mut self,
-        control: &Control,
-        candidates: Vec<Candidate>,
-        deferred: &mut Deferred,
-        shutdown: &CancellationToken,
-    ) -> std::result::Result<bool, Stop> {
-        let candidates: Vec<Candidate> = candidates
-            .into_iter()
-            .filter(|c| !deferred.keys.contains(&c.aggregate))
-            .collect();
-        if candidates.is_empty() {
-            return Ok(true);
-        }
-        loop {
-            let started = Instant::now();
-            let mut handed = Vec::new();
-            let result = match self.store.claim_ids(&candidates).await {
-                Ok(claim) => {
-                    run_claim(
-                        self.config,
-                        &self.publisher,
-                        self.metrics,
-                        claim,
-                        started,
-                        |claim, unsettled| {
-                            for key in unsettled {
-                                if !claim.defer.contains(&key) {
-                                    claim.defer.push(key);
-                                }
+            let Some(inflight) = open.take() else {
+                // Nothing claimed: wait for the stream (or a sweep, a wake-up, shutdown).
+                if batch.candidates.is_empty() {
+                    let sweep_at = deferred.sweep_at;
+                    let first = tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = sleep_until(sweep_at.unwrap_or_else(Instant::now).into()), if sweep_at.is_some() => {
+                            deferred.sweep_at = None;
+                            self.sweep(&mut deferred).await;
+                            continue;
+                        }
+                        _ = control.woken() => {
+                            // Rows became publishable again (`dead-letters retry`).
+                            if !deferred.keys.is_empty() {
+                                deferred.sweep_in(Duration::ZERO);
                             }
-                            handed = claim.defer.clone();
-                        },
-                    )
-                    .await
+                            continue;
+                        }
+                        change = stream.next() => change?,
+                    };
+                    let Some(first) = first else {
+                        return Err(Stop::Retry(Error::replication(
+                            "the server ended the replication stream",
+                            true,
+                        )));
+                    };
+                    batch.take(first);
+                } else {
+                    // Rows carried over: committed, but not visible yet when they were claimed.
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(VISIBILITY_RETRY) => {}
+                    }
                 }
-                Err(e) => Err(e),
+                batch.fill(&mut stream, self.config)?;
+                match self.cut(&mut batch, &deferred, 0).await {
+                    Ok(Some(claimed)) => open = Some(claimed),
+                    Ok(None) => {
+                        let position = confirm.take().max(batch.confirmable());
+                        if let Some(lsn) = position.filter(|_| unseen.is_empty()) {
+                            stream.confirm(lsn);
+                        } else {
+                            confirm = position;
+                        }
+                    }
+                    Err(e) => {
+                        if !self.batch_failed(control, e, shutdown).await? {
+                            break;
+                        }
+                    }
+                }
+                continue;
             };
-            match result {
-                Ok(report) => {
+            // Publish the claimed batch while the next one is read and claimed on the other
+            // connection (its publish waits for this one's outcome).
+            batch.fill(&mut stream, self.config)?;
+            let next_store = 1 - inflight.store;
+            let [first, second] = &mut self.stores;
+            let (this_store, other_store) = match inflight.store {
+                0 => (first, second),
+                _ => (second, first),
+            };
+            let blocked: HashSet<&AggregateKey> = deferred.keys.iter().collect();
+            let publish = publish_claimed(
+                self.config,
+                &self.publisher,
+                self.metrics,
+                this_store,
+                inflight.claim,
+                &blocked,
+                &inflight.skip,
+            );
+            let next = claim_next(&mut batch, &deferred, other_store, next_store);
+            let (published, next) = tokio::join!(publish, next);
+            drop(blocked);
+            let (next, next_error) = match next {
+                Ok(next) => (next, None),
+                Err((e, candidates)) => {
+                    batch.requeue(candidates);
+                    (None, Some(e))
+                }
+            };
+            match published {
+                Ok((report, handed, mut carry)) => {
                     if !handed.is_empty() {
                         tracing::info!(
                             aggregates = handed.len(),
@@ -437,21 +466,101 @@ impl WalRelay<'_> {
                         deferred
                             .sweep_in(report.next_retry.unwrap_or(self.config.fallback_interval));
                     }
-                    return self.after(report, shutdown).await;
+                    confirm = confirm.max(inflight.position);
+                    // Rows of this batch no longer carried are done (published, or handed to the
+                    // table); the carried ones, and the next batch's rows of their aggregates,
+                    // go again.
+                    let carried_ids: HashSet<Uuid> = carry.iter().map(|c| c.id).collect();
+                    for c in &inflight.candidates {
+                        if !carried_ids.contains(&c.id) {
+                            unseen.remove(&c.id);
+                        }
+                    }
+                    let mut next = next;
+                    if let Some(next) = &mut next {
+                        // The next batch must not overtake the rows carried over.
+                        let carried: HashSet<AggregateKey> =
+                            carry.iter().map(|c| c.aggregate.clone()).collect();
+                        let (later, keep): (Vec<Candidate>, Vec<Candidate>) =
+                            std::mem::take(&mut next.candidates)
+                                .into_iter()
+                                .partition(|c| carried.contains(&c.aggregate));
+                        next.candidates = keep;
+                        carry.extend(later);
+                        next.skip.extend(carried);
+                    }
+                    give_up_unseen(&mut carry, &mut unseen);
+                    // The slot moves on only while no row before the position is carried.
+                    if unseen.is_empty() {
+                        if let Some(lsn) = confirm.take() {
+                            stream.confirm(lsn);
+                        }
+                    }
+                    batch.requeue(carry);
+                    open = next;
+                    if !self.after(report, shutdown).await? {
+                        break;
+                    }
                 }
                 Err(e) => {
-                    if control.is_closed() {
-                        return Err(Stop::Retry(e));
+                    // Nothing of this batch is recorded; the next one's claim is undone too, and
+                    // both go again in order.
+                    if let Some(next) = next {
+                        self.stores[next.store].reset();
+                        batch.requeue(next.candidates);
                     }
-                    self.recover(&e);
-                    let delay = self.trouble_delay();
-                    tracing::warn!(error = %e, batch_size = candidates.len(), retry_in_ms = delay.as_millis() as u64, "batch failed; retrying it");
-                    if !pause(shutdown, delay).await {
-                        return Ok(false);
+                    batch.requeue(inflight.candidates);
+                    if !self.batch_failed(control, e, shutdown).await? {
+                        break;
                     }
                 }
             }
+            if let Some(e) = next_error {
+                if !self.batch_failed(control, e, shutdown).await? {
+                    break;
+                }
+            }
         }
+        // Shutdown: a batch claimed but not published is undone (its rows are pending again);
+        // whatever was not confirmed streams again to the next leader.
+        if let Some(inflight) = open {
+            self.stores[inflight.store].reset();
+        }
+        stream.stop().await;
+        Ok(())
+    }
+
+    /// Claims the batch in hand on `stores[store]` (its aggregates handed to the table left out).
+    /// `None`: nothing to claim.
+    async fn cut(
+        &mut self,
+        batch: &mut Batch,
+        deferred: &Deferred,
+        store: usize,
+    ) -> Result<Option<InFlight>> {
+        claim_next(batch, deferred, &mut self.stores[store], store)
+            .await
+            .map_err(|(e, candidates)| {
+                batch.requeue(candidates);
+                e
+            })
+    }
+
+    /// After a batch that failed as a whole: the connections that may be broken are dropped and
+    /// the relay backs off. `false`: shutdown came first.
+    async fn batch_failed(
+        &mut self,
+        control: &Control,
+        e: Error,
+        shutdown: &CancellationToken,
+    ) -> std::result::Result<bool, Stop> {
+        if control.is_closed() {
+            return Err(Stop::Retry(e));
+        }
+        self.recover(&e);
+        let delay = self.trouble_delay();
+        tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "batch failed; retrying it");
+        Ok(pause(shutdown, delay).await)
     }
 
     /// Sweeps a round of the aggregates handed to the table: publishes what may go now and takes
@@ -465,8 +574,7 @@ impl WalRelay<'_> {
         let started = Instant::now();
         let mut taken_back = Vec::new();
         let mut next_due = None;
-        let result = match self
-            .store
+        let result = match self.stores[0]
             .sweep(
                 &round,
                 per_aggregate,
@@ -565,12 +673,116 @@ impl WalRelay<'_> {
     /// nothing but the pause).
     fn recover(&mut self, e: &Error) {
         if !e.is_broker_unavailable() {
-            self.store.reset();
+            self.stores.iter_mut().for_each(Store::reset);
         }
     }
 }
 
+/// A batch claimed on `stores[store]`, not published yet.
+struct InFlight {
+    store: usize,
+    claim: OpenClaim,
+    /// What was claimed, in stream order: claimed again if the batch has to be retried.
+    candidates: Vec<Candidate>,
+    /// The position to confirm once the batch is done.
+    position: Option<u64>,
+    /// Aggregates not to publish in this batch: rows of the batch before carried over.
+    skip: HashSet<AggregateKey>,
+}
+
+/// Claims what the batch holds (aggregates handed to the table left out) on `store`; on failure
+/// returns the candidates with the error, to be claimed again.
+async fn claim_next(
+    batch: &mut Batch,
+    deferred: &Deferred,
+    store: &mut Store,
+    index: usize,
+) -> std::result::Result<Option<InFlight>, (Error, Vec<Candidate>)> {
+    let position = batch.confirmable();
+    let candidates: Vec<Candidate> = std::mem::take(&mut batch.candidates)
+        .into_iter()
+        .filter(|c| !deferred.keys.contains(&c.aggregate))
+        .collect();
+    batch.bytes = 0;
+    if candidates.is_empty() {
+        // Only the position moves on (with the next batch that finishes).
+        batch.last_commit = batch.last_commit.max(position);
+        return Ok(None);
+    }
+    match store.claim_ids(&candidates).await {
+        Ok(claim) => Ok(Some(InFlight {
+            store: index,
+            claim: claim.into_open(),
+            candidates,
+            position,
+            skip: HashSet::new(),
+        })),
+        Err(e) => {
+            batch.last_commit = batch.last_commit.max(position);
+            Err((e, candidates))
+        }
+    }
+}
+
+/// Publishes, settles and commits a claimed batch. Groups of aggregates in `blocked` (handed to
+/// the table by the batch before) or `skip` are not published: the commit puts their rows back.
+/// Returns the report, the aggregates handed to the table and the rows to claim again.
+async fn publish_claimed(
+    config: &RelayConfig,
+    publisher: &Publisher,
+    metrics: &Metrics,
+    store: &mut Store,
+    mut open: OpenClaim,
+    blocked: &HashSet<&AggregateKey>,
+    skip: &HashSet<AggregateKey>,
+) -> Result<(BatchReport, Vec<AggregateKey>, Vec<Candidate>)> {
+    let started = Instant::now();
+    open.groups_mut().retain(|g| {
+        g.first().is_none_or(|e| {
+            let key = (e.aggregate_type.clone(), e.aggregate_id.clone());
+            !blocked.contains(&key) && !skip.contains(&key)
+        })
+    });
+    let carry = open.take_carry();
+    let claim = store.resume(open)?;
+    let mut handed = Vec::new();
+    let report = run_claim(
+        config,
+        publisher,
+        metrics,
+        claim,
+        started,
+        |claim, unsettled| {
+            for key in unsettled {
+                if !claim.defer.contains(&key) {
+                    claim.defer.push(key);
+                }
+            }
+            handed = claim.defer.clone();
+        },
+    )
+    .await?;
+    Ok((report, handed, carry))
+}
+
 impl Batch {
+    /// Puts candidates back in front of the batch (they are older than what it holds).
+    fn requeue(&mut self, mut candidates: Vec<Candidate>) {
+        candidates.append(&mut self.candidates);
+        self.candidates = candidates;
+    }
+
+    /// Takes what the stream has ready, up to the batch's limits, without waiting.
+    fn fill(&mut self, stream: &mut Stream, config: &RelayConfig) -> Result<()> {
+        while self.candidates.len() < config.batch_size && self.bytes < config.max_batch_bytes {
+            match stream.ready()? {
+                Some(change) => self.take(change),
+                None => break,
+            }
+        }
+        Ok(())
+    }
+
     fn take(&mut self, change: Change) {
         match change {
             Change::Begin => self.in_tx = true,

@@ -104,17 +104,18 @@ impl Store {
         let wal = wal_statements(statements)?;
         self.in_tx = true;
         client.batch_execute(&self.session.begin).await?;
-        let (groups, marked, defer) = claim_in(client, wal, candidates).await?;
+        let (grouping, marked) = claim_in(client, wal, candidates).await?;
         Ok(Claim {
             client,
             statements,
             in_tx: &mut self.in_tx,
             claimed: marked.len(),
-            groups,
+            groups: grouping.groups,
             full: false,
             marked,
-            defer,
+            defer: grouping.defer,
             undefer: Vec::new(),
+            carry: grouping.carry,
         })
     }
 
@@ -186,17 +187,19 @@ impl Store {
                 info.complete.push(key.clone());
             }
         }
-        let (groups, marked, defer) = claim_in(client, wal, &candidates).await?;
+        let (grouping, marked) = claim_in(client, wal, &candidates).await?;
         let claim = Claim {
             client,
             statements,
             in_tx: &mut self.in_tx,
             claimed: marked.len(),
             full: candidates.len() >= max_rows,
-            groups,
+            groups: grouping.groups,
             marked,
-            defer,
+            defer: grouping.defer,
             undefer: info.cleared.clone(),
+            // Read from the table in this transaction: every one is visible.
+            carry: grouping.carry,
         };
         Ok((claim, info))
     }
@@ -217,15 +220,14 @@ fn wal_statements(statements: &Statements) -> Result<&WalStatements> {
     })
 }
 
-/// Claims `candidates` inside the open transaction: the groups to publish (one per aggregate, in
-/// candidate order), the ids marked, and the aggregates to hand to the table.
+/// Claims `candidates` inside the open transaction: their grouping and the ids marked.
 async fn claim_in(
     client: &Client,
     wal: &WalStatements,
     candidates: &[Candidate],
-) -> Result<(Vec<Vec<OutboxEvent>>, Vec<Uuid>, Vec<AggregateKey>)> {
+) -> Result<(Grouping, Vec<Uuid>)> {
     if candidates.is_empty() {
-        return Ok((Vec::new(), Vec::new(), Vec::new()));
+        return Ok((Grouping::default(), Vec::new()));
     }
     let ids: Vec<Uuid> = candidates.iter().map(|c| c.id).collect();
     let params: [&(dyn ToSql + Sync); 1] = [&ids];
@@ -243,52 +245,76 @@ async fn claim_in(
         .filter(|id| !claimed.contains_key(id))
         .copied()
         .collect();
-    let mut still_pending = HashSet::new();
+    let mut states = HashMap::new();
     if !missing.is_empty() {
         for row in wal.row_states.query(client, &[&missing]).await? {
-            let pending: bool = row.try_get("pending")?;
-            if pending {
-                still_pending.insert(row.try_get::<_, Uuid>("id")?);
-            }
+            states.insert(row.try_get::<_, Uuid>("id")?, row.try_get("pending")?);
         }
     }
-    let (groups, defer) = group_candidates(candidates, &mut claimed, &still_pending);
-    Ok((groups, marked, defer))
+    let grouping = group_candidates(candidates, &mut claimed, &states);
+    Ok((grouping, marked))
 }
 
-/// Groups the claimed events by aggregate in candidate order. An aggregate stops at its first
-/// candidate that is still pending but was not claimed; it is returned to be handed to the table.
-/// Candidates neither claimed nor pending (published already, deleted) are skipped. Claimed events
+/// A claim by id, grouped (see [`group_candidates`]).
+#[derive(Debug, Default)]
+struct Grouping {
+    groups: Vec<Vec<OutboxEvent>>,
+    /// Aggregates to hand to the table.
+    defer: Vec<AggregateKey>,
+    /// Candidates to claim again shortly, in order.
+    carry: Vec<Candidate>,
+}
+
+/// Groups the claimed events by aggregate in candidate order. `states` holds, for each candidate
+/// found but not claimed, whether it is still pending. An aggregate stops at its first candidate
+/// that:
+/// - is still pending but was not claimed (held by another session, not eligible): the aggregate
+///   is handed to the table;
+/// - was not found: its transaction's commit reached the stream before the row became visible to
+///   other sessions (PostgreSQL writes the commit record first), or it was deleted. That
+///   candidate and the aggregate's later ones are carried to the next claim.
+///
+/// Candidates found and not pending (published already: a replay) are skipped. Claimed events
 /// after a stop stay in `claimed` (the commit puts them back).
 fn group_candidates(
     candidates: &[Candidate],
     claimed: &mut HashMap<Uuid, OutboxEvent>,
-    still_pending: &HashSet<Uuid>,
-) -> (Vec<Vec<OutboxEvent>>, Vec<AggregateKey>) {
-    let mut groups: Vec<Vec<OutboxEvent>> = Vec::new();
+    states: &HashMap<Uuid, bool>,
+) -> Grouping {
+    let mut out = Grouping::default();
     let mut group_of: HashMap<&AggregateKey, usize> = HashMap::new();
     let mut stopped: HashSet<&AggregateKey> = HashSet::new();
-    let mut defer = Vec::new();
+    let mut carried: HashSet<&AggregateKey> = HashSet::new();
     for c in candidates {
+        if carried.contains(&c.aggregate) {
+            out.carry.push(c.clone());
+            continue;
+        }
         if stopped.contains(&c.aggregate) {
             continue;
         }
         match claimed.remove(&c.id) {
             Some(event) => match group_of.get(&c.aggregate) {
-                Some(&g) => groups[g].push(event),
+                Some(&g) => out.groups[g].push(event),
                 None => {
-                    group_of.insert(&c.aggregate, groups.len());
-                    groups.push(vec![event]);
+                    group_of.insert(&c.aggregate, out.groups.len());
+                    out.groups.push(vec![event]);
                 }
             },
-            None if still_pending.contains(&c.id) => {
-                stopped.insert(&c.aggregate);
-                defer.push(c.aggregate.clone());
-            }
-            None => {}
+            None => match states.get(&c.id) {
+                Some(true) => {
+                    stopped.insert(&c.aggregate);
+                    out.defer.push(c.aggregate.clone());
+                }
+                Some(false) => {}
+                None => {
+                    carried.insert(&c.aggregate);
+                    out.carry.push(c.clone());
+                }
+            },
         }
     }
-    (groups, defer)
+    out
 }
 
 impl Stmt {
@@ -476,8 +502,8 @@ mod tests {
     }
 
     #[test]
-    fn candidates_group_in_their_order_and_stop_at_a_pending_row_not_claimed() {
-        // a1 a2(held elsewhere) a3 | b1 b2 | c1(published already) c2 | d1(deleted)
+    fn candidates_group_in_their_order_and_stop_where_they_cannot_go_on() {
+        // a1 a2(held elsewhere) a3 | b1 b2 | c1(published already) c2 | d1(not visible yet) d2
         let c = [
             candidate("a"),
             candidate("b"),
@@ -487,6 +513,7 @@ mod tests {
             candidate("a"),
             candidate("c"),
             candidate("d"),
+            candidate("d"),
         ];
         let not_claimed = [c[2].id, c[3].id, c[7].id];
         let mut claimed: HashMap<Uuid, OutboxEvent> = c
@@ -494,15 +521,21 @@ mod tests {
             .filter(|x| !not_claimed.contains(&x.id))
             .map(|x| (x.id, event(x)))
             .collect();
-        let still_pending: HashSet<Uuid> = [c[2].id].into();
-        let (groups, defer) = group_candidates(&c, &mut claimed, &still_pending);
-        let ids: Vec<Vec<Uuid>> = groups
+        let states: HashMap<Uuid, bool> = [(c[2].id, true), (c[3].id, false)].into();
+        let g = group_candidates(&c, &mut claimed, &states);
+        let ids: Vec<Vec<Uuid>> = g
+            .groups
             .iter()
             .map(|g| g.iter().map(|e| e.id).collect())
             .collect();
         assert_eq!(ids, [vec![c[0].id], vec![c[1].id, c[4].id], vec![c[6].id]]);
-        assert_eq!(defer, [("order".to_string(), "a".to_string())]);
-        // a3 was claimed but comes after a2: left for the commit to put back.
-        assert_eq!(claimed.keys().copied().collect::<Vec<_>>(), [c[5].id]);
+        assert_eq!(g.defer, [("order".to_string(), "a".to_string())]);
+        assert_eq!(g.carry, [c[7].clone(), c[8].clone()]);
+        // a3 and d2 were claimed but come after a stop: left for the commit to put back.
+        let mut left: Vec<Uuid> = claimed.keys().copied().collect();
+        left.sort();
+        let mut expected = vec![c[5].id, c[8].id];
+        expected.sort();
+        assert_eq!(left, expected);
     }
 }

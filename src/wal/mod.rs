@@ -84,7 +84,9 @@ impl Stream {
     /// The next change if one is there already (`None`: nothing without waiting).
     pub fn ready(&mut self) -> Result<Option<Change>> {
         loop {
-            let Some(event) = self.client.recv().now_or_never() else {
+            // Outside tokio's cooperative budget, which would report "not ready" after 128
+            // receives (to make the task yield) and so end every batch there.
+            let Some(event) = tokio::task::unconstrained(self.client.recv()).now_or_never() else {
                 return Ok(None);
             };
             match event.map_err(replication_error)? {
