@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
-use outbox_relay::{HeaderFormat, NotifyMode, Ordering, RelayConfig, Source};
+use outbox_relay::{HeaderFormat, NotifyMode, Ordering, RelayConfig, Source, WalMarking};
 use uuid::Uuid;
 
 /// The library's defaults are the CLI's: written once, in `RelayConfig::default()`.
@@ -252,6 +252,30 @@ impl From<HeaderFormatArg> for HeaderFormat {
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum WalMarkingArg {
+    Delete,
+    Update,
+}
+
+impl From<WalMarking> for WalMarkingArg {
+    fn from(m: WalMarking) -> Self {
+        match m {
+            WalMarking::Delete => WalMarkingArg::Delete,
+            WalMarking::Update => WalMarkingArg::Update,
+        }
+    }
+}
+
+impl From<WalMarkingArg> for WalMarking {
+    fn from(m: WalMarkingArg) -> Self {
+        match m {
+            WalMarkingArg::Delete => WalMarking::Delete,
+            WalMarkingArg::Update => WalMarking::Update,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum SourceArg {
     Notify,
     Wal,
@@ -412,6 +436,10 @@ pub struct RunArgs {
     /// Default: outbox_relay, or outbox_relay_<schema> with --schema.
     #[arg(long, env = "OUTBOX_SLOT_NAME", value_name = "NAME")]
     pub slot_name: Option<String>,
+    /// How --source wal records a published row: `delete` it (the stream holds it; cheapest for
+    /// PostgreSQL) or `update` it (processed_at, kept until cleanup, as the notify source does).
+    #[arg(long, env = "OUTBOX_WAL_MARKING", value_enum, default_value_t = defaults().wal_marking.into())]
+    pub wal_marking: WalMarkingArg,
     /// Delete processed rows older than this, periodically (off by default).
     #[arg(long, env = "OUTBOX_RETENTION", value_parser = humantime::parse_duration)]
     pub retention: Option<Duration>,

@@ -48,6 +48,18 @@ pub enum Source {
     Wal,
 }
 
+/// How `Source::Wal` records that a row was published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WalMarking {
+    /// The row is deleted in the batch's transaction once JetStream acknowledged it: the stream
+    /// holds it from then on. The cheapest for PostgreSQL (see docs/ARCHITECTURE.md).
+    #[default]
+    Delete,
+    /// The row is kept and marked `processed_at` like the table source does (history in the
+    /// table until `cleanup`/`--retention` deletes it).
+    Update,
+}
+
 /// Which metadata headers the relay sets on each message (`Nats-Msg-Id` is always set).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum HeaderFormat {
@@ -134,6 +146,8 @@ pub struct RelayConfig {
     /// The logical replication slot of `Source::Wal` (`None`: `outbox_relay`, or
     /// `outbox_relay_<schema>` with a schema). One per outbox: relays of one outbox share it.
     pub slot_name: Option<String>,
+    /// How `Source::Wal` records published rows.
+    pub wal_marking: WalMarking,
     /// Delete processed rows older than this, periodically. `None`: keep them.
     pub retention: Option<Duration>,
     /// Delete `processed_events` rows (consumers' idempotency records) older than this,
@@ -181,6 +195,7 @@ impl Default for RelayConfig {
             notify_mode: NotifyMode::Gated,
             source: Source::Notify,
             slot_name: None,
+            wal_marking: WalMarking::Delete,
             retention: None,
             processed_events_retention: None,
             metrics_event_types_max: DEFAULT_METRICS_EVENT_TYPES_MAX,
@@ -389,7 +404,7 @@ impl RelayConfig {
         format!(
             "database_url={:?} listen_database_url={} schema={} nats_url={} stream={} create_stream={} subject_prefix={} subject_template={} header_format={:?} ce_source={} \
              fallback_interval={} batch_size={} max_batch_bytes={} prepared_statements={} max_attempts={} publish_timeout={} retry_initial={} \
-             retry_max={} ordering={:?} notify_mode={:?} source={:?} slot={} retention={} processed_events_retention={} metrics_event_types_max={} \
+             retry_max={} ordering={:?} notify_mode={:?} source={:?} slot={} wal_marking={:?} retention={} processed_events_retention={} metrics_event_types_max={} \
              metrics_addr={} nats_creds={} nats_nkey={} nats_user={} nats_password={}",
             crate::db::redacted_url(&self.database_url),
             self.listen_database_url
@@ -416,6 +431,7 @@ impl RelayConfig {
             self.notify_mode,
             self.source,
             self.slot(),
+            self.wal_marking,
             self.retention.map(|d| humantime::format_duration(d).to_string()).unwrap_or_else(|| "off".into()),
             self.processed_events_retention.map(|d| humantime::format_duration(d).to_string()).unwrap_or_else(|| "off".into()),
             self.metrics_event_types_max,
@@ -523,6 +539,7 @@ impl fmt::Debug for RelayConfig {
             notify_mode,
             source,
             slot_name,
+            wal_marking,
             retention,
             processed_events_retention,
             metrics_event_types_max,
@@ -565,6 +582,7 @@ impl fmt::Debug for RelayConfig {
             .field("notify_mode", notify_mode)
             .field("source", source)
             .field("slot_name", slot_name)
+            .field("wal_marking", wal_marking)
             .field("retention", retention)
             .field("processed_events_retention", processed_events_retention)
             .field("metrics_event_types_max", metrics_event_types_max)

@@ -70,7 +70,7 @@ mod wal;
 pub mod wire;
 pub mod writer;
 
-pub use config::{HeaderFormat, NotifyMode, Ordering, RelayConfig, Source};
+pub use config::{HeaderFormat, NotifyMode, Ordering, RelayConfig, Source, WalMarking};
 pub use consumer::process_once;
 pub use db::{connect, redact};
 pub use error::{Error, ErrorKind, Result};

@@ -535,6 +535,7 @@ async fn run(database_url: String, schema: Option<String>, args: &RunArgs) -> Re
         notify_mode: args.notify_mode.into(),
         source: args.source.into(),
         slot_name: args.slot_name.clone(),
+        wal_marking: args.wal_marking.into(),
         retention: args.retention,
         processed_events_retention: args.processed_events_retention,
         metrics_event_types_max: args.metrics_event_types_max,

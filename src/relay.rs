@@ -237,8 +237,12 @@ impl Relay {
                 metrics: &self.metrics,
                 health: &self.health,
                 stores: [
-                    Store::for_wal(config.database_url.clone(), session.clone()),
-                    Store::for_wal(config.database_url.clone(), session),
+                    Store::for_wal(
+                        config.database_url.clone(),
+                        session.clone(),
+                        config.wal_marking,
+                    ),
+                    Store::for_wal(config.database_url.clone(), session, config.wal_marking),
                 ],
                 slot: config.slot(),
                 trouble: trouble_backoff(),

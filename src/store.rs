@@ -161,8 +161,8 @@ pub(crate) struct Store {
     sparse: bool,
     /// Rows to claim at most next time, below the batch size after a claim over the byte budget.
     limit_hint: usize,
-    /// Prepare the statements of `--source wal` too.
-    wal: bool,
+    /// Prepare the statements of `--source wal` too, marking rows this way.
+    wal: Option<crate::config::WalMarking>,
 }
 
 /// A failed publish of one row, as the relay decided to record it.
@@ -212,14 +212,14 @@ impl Store {
             in_tx: false,
             sparse: false,
             limit_hint: usize::MAX,
-            wal: false,
+            wal: None,
         }
     }
 
     /// A worker connection of `--source wal`, which also claims by id.
-    pub fn for_wal(url: String, session: Session) -> Self {
+    pub fn for_wal(url: String, session: Session, marking: crate::config::WalMarking) -> Self {
         Store {
-            wal: true,
+            wal: Some(marking),
             ..Store::new(url, session)
         }
     }
@@ -239,7 +239,11 @@ impl Store {
     /// A new worker connection with its statements. No session state: settings are per
     /// transaction (see `begin_claim.sql`). Statements are prepared inside such a transaction, so
     /// that `--schema` resolves their tables.
-    async fn open(url: &str, session: &Session, wal: bool) -> Result<(Client, Statements)> {
+    async fn open(
+        url: &str,
+        session: &Session,
+        wal: Option<crate::config::WalMarking>,
+    ) -> Result<(Client, Statements)> {
         let client = crate::db::connect(url, "outbox-relay").await?;
         let prepare = session.prepare;
         if prepare {
@@ -252,8 +256,8 @@ impl Store {
             record_failures: Stmt::new(&client, RECORD_FAILURES, RECORD_FAILURES_TYPES, prepare)
                 .await?,
             wal: match wal {
-                true => Some(wal::WalStatements::new(&client, prepare).await?),
-                false => None,
+                Some(marking) => Some(wal::WalStatements::new(&client, prepare, marking).await?),
+                None => None,
             },
         };
         if prepare {
@@ -269,7 +273,7 @@ impl Store {
         in_tx: &mut bool,
         url: &str,
         session: &Session,
-        wal: bool,
+        wal: Option<crate::config::WalMarking>,
     ) -> Result<(&'c Client, &'c Statements)> {
         if conn.as_ref().is_some_and(|(c, _)| c.is_closed()) {
             *conn = None;
@@ -748,6 +752,7 @@ impl Claim<'_> {
                 .await?;
         }
         if let Some(wal) = &self.statements.wal {
+            wal.delete_published(self.client, published).await?;
             wal.hand_over(self.client, &self.defer, &self.undefer)
                 .await?;
         }

@@ -283,10 +283,24 @@ pub(crate) async fn drain_variant(
     }
 
     let (processed, span) = processed_span(&db.client).await?;
+    let (in_stream, stream_secs) = stream_span(&ctx.nats_url).await?;
+    // Rows deleted as they are published (`--wal-marking delete`) leave no processed_at: the
+    // stream's own timestamps give the span then.
+    let (processed, span) = if processed == 0 {
+        (in_stream as i64, stream_secs)
+    } else {
+        (processed, span)
+    };
     row.events = Some(processed as u64);
     row.seconds = Some(span);
     if span > 0.0 {
         row.events_per_s = Some(processed as f64 / span);
+    }
+    if stream_secs > 0.0 {
+        row.note(format!(
+            "stream-stamped rate {:.0}/s",
+            in_stream as f64 / stream_secs
+        ));
     }
     row.note(format!("wall incl. startup {wall:.2}s"));
     let stored = stream_len(&ctx.nats_url).await?;

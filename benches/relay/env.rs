@@ -196,6 +196,20 @@ pub(crate) async fn reset_stream(nats_url: &str) -> Res<()> {
     .await
 }
 
+/// (messages in the stream, seconds between its first and its last message as JetStream stamped
+/// them): the drain's span where the relay keeps no `processed_at` (`--wal-marking delete`), and
+/// the same measure for every drain.
+pub(crate) async fn stream_span(nats_url: &str) -> Res<(u64, f64)> {
+    let js = jetstream::new(nats_client(nats_url).await?);
+    within(Duration::from_secs(30), "stream span", async {
+        let mut s = js.get_stream(STREAM).await.ctx("get stream")?;
+        let state = s.info().await.ctx("stream info")?.state.clone();
+        let span = (state.last_timestamp - state.first_timestamp).as_seconds_f64();
+        Ok((state.messages, span.max(0.0)))
+    })
+    .await
+}
+
 pub(crate) async fn stream_len(nats_url: &str) -> Res<u64> {
     let js = jetstream::new(nats_client(nats_url).await?);
     within(Duration::from_secs(10), "stream info", async {

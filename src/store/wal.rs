@@ -9,6 +9,7 @@ use tokio_postgres::Client;
 use uuid::Uuid;
 
 use super::{read_claim, ready, Claim, Statements, Stmt, Store};
+use crate::config::WalMarking;
 use crate::error::{Error, Result};
 use crate::event::OutboxEvent;
 
@@ -16,6 +17,8 @@ use crate::event::OutboxEvent;
 pub(crate) type AggregateKey = (String, String);
 
 const CLAIM_IDS: &str = include_str!("../../sql/queries/claim_ids.sql");
+const LOCK_IDS: &str = include_str!("../../sql/queries/lock_ids.sql");
+const DELETE_PUBLISHED: &str = include_str!("../../sql/queries/delete_published.sql");
 const ROW_STATES: &str = include_str!("../../sql/queries/row_states.sql");
 const PENDING_OF: &str = include_str!("../../sql/queries/pending_of.sql");
 const DEFER: &str = include_str!("../../sql/queries/defer.sql");
@@ -31,12 +34,15 @@ const SLOT_CAUGHT_UP: &str = include_str!("../../sql/queries/slot_caught_up.sql"
 const SLOT_LAG: &str = include_str!("../../sql/queries/slot_lag.sql");
 
 const UUIDS: &[Type] = &[Type::UUID_ARRAY];
+const ROW_STATES_TYPES: &[Type] = &[Type::UUID_ARRAY, Type::INT8_ARRAY];
 const KEYS: &[Type] = &[Type::TEXT_ARRAY, Type::TEXT_ARRAY];
 const PENDING_OF_TYPES: &[Type] = &[Type::TEXT_ARRAY, Type::TEXT_ARRAY, Type::INT8];
 
 /// The worker connection's statements of `--source wal`.
 pub(crate) struct WalStatements {
+    /// `claim_ids.sql` (marking) or `lock_ids.sql` (`--wal-marking delete`).
     claim_ids: Stmt,
+    delete_published: Option<Stmt>,
     row_states: Stmt,
     pending_of: Stmt,
     defer: Stmt,
@@ -44,14 +50,31 @@ pub(crate) struct WalStatements {
 }
 
 impl WalStatements {
-    pub async fn new(client: &Client, prepare: bool) -> Result<WalStatements> {
+    pub async fn new(client: &Client, prepare: bool, marking: WalMarking) -> Result<WalStatements> {
+        let (claim, delete) = match marking {
+            WalMarking::Update => (CLAIM_IDS, None),
+            WalMarking::Delete => (
+                LOCK_IDS,
+                Some(Stmt::new(client, DELETE_PUBLISHED, UUIDS, prepare).await?),
+            ),
+        };
         Ok(WalStatements {
-            claim_ids: Stmt::new(client, CLAIM_IDS, UUIDS, prepare).await?,
-            row_states: Stmt::new(client, ROW_STATES, UUIDS, prepare).await?,
+            claim_ids: Stmt::new(client, claim, UUIDS, prepare).await?,
+            delete_published: delete,
+            row_states: Stmt::new(client, ROW_STATES, ROW_STATES_TYPES, prepare).await?,
             pending_of: Stmt::new(client, PENDING_OF, PENDING_OF_TYPES, prepare).await?,
             defer: Stmt::new(client, DEFER, KEYS, prepare).await?,
             undefer: Stmt::new(client, UNDEFER, KEYS, prepare).await?,
         })
+    }
+
+    /// With `--wal-marking delete`: the rows whose ack arrived leave the outbox, in the batch's
+    /// transaction.
+    pub async fn delete_published(&self, client: &Client, published: &[Uuid]) -> Result<()> {
+        if let (Some(stmt), false) = (&self.delete_published, published.is_empty()) {
+            stmt.execute(client, &[&published]).await?;
+        }
+        Ok(())
     }
 
     /// Records, in the batch's transaction, the aggregates handed to the table and those taken
@@ -79,6 +102,9 @@ impl WalStatements {
 pub(crate) struct Candidate {
     pub id: Uuid,
     pub aggregate: AggregateKey,
+    /// The (32-bit) id of the transaction that wrote the row, from the stream; 0 for rows read
+    /// from the table.
+    pub xid: u32,
 }
 
 /// What a sweep of aggregates handed to the table found besides its claim.
@@ -180,6 +206,7 @@ impl Store {
                 candidates.push(Candidate {
                     id: row.id,
                     aggregate: key.clone(),
+                    xid: 0,
                 });
                 taken += 1;
             }
@@ -232,27 +259,48 @@ async fn claim_in(
     let ids: Vec<Uuid> = candidates.iter().map(|c| c.id).collect();
     let params: [&(dyn ToSql + Sync); 1] = [&ids];
     let rows = read_claim(client, &wal.claim_ids, &params).await?;
-    let marked: Vec<Uuid> = rows
-        .iter()
-        .filter_map(|r| r.event.as_ref().map(|e| e.id))
-        .collect();
+    // Locked only (`--wal-marking delete`): nothing to put back at the commit.
+    let marked: Vec<Uuid> = match wal.delete_published {
+        Some(_) => Vec::new(),
+        None => rows
+            .iter()
+            .filter_map(|r| r.event.as_ref().map(|e| e.id))
+            .collect(),
+    };
     let mut claimed: HashMap<Uuid, OutboxEvent> = rows
         .into_iter()
         .filter_map(|r| r.event.map(|e| (e.id, e)))
         .collect();
-    let missing: Vec<Uuid> = ids
+    let (missing, xids): (Vec<Uuid>, Vec<i64>) = candidates
         .iter()
-        .filter(|id| !claimed.contains_key(id))
-        .copied()
-        .collect();
+        .filter(|c| !claimed.contains_key(&c.id))
+        .map(|c| (c.id, i64::from(c.xid)))
+        .unzip();
     let mut states = HashMap::new();
     if !missing.is_empty() {
-        for row in wal.row_states.query(client, &[&missing]).await? {
-            states.insert(row.try_get::<_, Uuid>("id")?, row.try_get("pending")?);
+        for row in wal.row_states.query(client, &[&missing, &xids]).await? {
+            let state = match (row.try_get("found")?, row.try_get("pending")?) {
+                (true, true) => RowState::Pending,
+                (true, false) => RowState::Done,
+                (false, _) if row.try_get("visible")? => RowState::Done,
+                (false, _) => RowState::NotVisible,
+            };
+            states.insert(row.try_get::<_, Uuid>("id")?, state);
         }
     }
     let grouping = group_candidates(candidates, &mut claimed, &states);
     Ok((grouping, marked))
+}
+
+/// What became of a candidate the claim did not take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RowState {
+    /// Still to publish, but held elsewhere or not eligible now.
+    Pending,
+    /// Published already (a replay), or deleted.
+    Done,
+    /// Its transaction is not visible yet.
+    NotVisible,
 }
 
 /// A claim by id, grouped (see [`group_candidates`]).
@@ -265,21 +313,20 @@ struct Grouping {
     carry: Vec<Candidate>,
 }
 
-/// Groups the claimed events by aggregate in candidate order. `states` holds, for each candidate
-/// found but not claimed, whether it is still pending. An aggregate stops at its first candidate
-/// that:
+/// Groups the claimed events by aggregate in candidate order. `states` says what became of each
+/// candidate not claimed. An aggregate stops at its first candidate that:
 /// - is still pending but was not claimed (held by another session, not eligible): the aggregate
 ///   is handed to the table;
-/// - was not found: its transaction's commit reached the stream before the row became visible to
-///   other sessions (PostgreSQL writes the commit record first), or it was deleted. That
-///   candidate and the aggregate's later ones are carried to the next claim.
+/// - is not visible yet: its transaction's commit reached the stream before the transaction
+///   became visible to other sessions (PostgreSQL writes the commit record first). That candidate
+///   and the aggregate's later ones are carried to the next claim.
 ///
-/// Candidates found and not pending (published already: a replay) are skipped. Claimed events
-/// after a stop stay in `claimed` (the commit puts them back).
+/// Candidates published already (a replay) or deleted are skipped. Claimed events after a stop
+/// stay in `claimed` (the commit puts them back).
 fn group_candidates(
     candidates: &[Candidate],
     claimed: &mut HashMap<Uuid, OutboxEvent>,
-    states: &HashMap<Uuid, bool>,
+    states: &HashMap<Uuid, RowState>,
 ) -> Grouping {
     let mut out = Grouping::default();
     let mut group_of: HashMap<&AggregateKey, usize> = HashMap::new();
@@ -302,12 +349,12 @@ fn group_candidates(
                 }
             },
             None => match states.get(&c.id) {
-                Some(true) => {
+                Some(RowState::Pending) => {
                     stopped.insert(&c.aggregate);
                     out.defer.push(c.aggregate.clone());
                 }
-                Some(false) => {}
-                None => {
+                Some(RowState::Done) => {}
+                Some(RowState::NotVisible) | None => {
                     carried.insert(&c.aggregate);
                     out.carry.push(c.clone());
                 }
@@ -483,6 +530,7 @@ mod tests {
         Candidate {
             id: Uuid::new_v4(),
             aggregate: ("order".into(), aggregate.into()),
+            xid: 0,
         }
     }
 
@@ -521,7 +569,12 @@ mod tests {
             .filter(|x| !not_claimed.contains(&x.id))
             .map(|x| (x.id, event(x)))
             .collect();
-        let states: HashMap<Uuid, bool> = [(c[2].id, true), (c[3].id, false)].into();
+        let states: HashMap<Uuid, RowState> = [
+            (c[2].id, RowState::Pending),
+            (c[3].id, RowState::Done),
+            (c[7].id, RowState::NotVisible),
+        ]
+        .into();
         let g = group_candidates(&c, &mut claimed, &states);
         let ids: Vec<Vec<Uuid>> = g
             .groups

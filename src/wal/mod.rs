@@ -44,6 +44,8 @@ struct Columns {
 pub(crate) struct Stream {
     client: ReplicationClient,
     relations: HashMap<u32, Columns>,
+    /// The transaction whose changes come now (from its Begin).
+    xid: u32,
 }
 
 impl Stream {
@@ -63,6 +65,7 @@ impl Stream {
         Ok(Stream {
             client,
             relations: HashMap::new(),
+            xid: 0,
         })
     }
 
@@ -119,7 +122,10 @@ impl Stream {
 
     fn change(&mut self, event: ReplicationEvent) -> Result<Option<Change>> {
         Ok(match event {
-            ReplicationEvent::Begin { .. } => Some(Change::Begin),
+            ReplicationEvent::Begin { xid, .. } => {
+                self.xid = xid;
+                Some(Change::Begin)
+            }
             ReplicationEvent::Commit { end_lsn, .. } => Some(Change::Commit {
                 end: end_lsn.as_u64(),
             }),
@@ -144,7 +150,7 @@ impl Stream {
                             )
                         })?;
                         Some(Change::Insert {
-                            row: candidate(columns, &values)?,
+                            row: candidate(columns, &values, self.xid)?,
                             size,
                         })
                     }
@@ -178,7 +184,7 @@ fn columns(relation: &Relation) -> Result<Columns> {
 /// The row's id and aggregate from its text values. The id is a uuid column, so it always parses;
 /// the aggregate is taken as PostgreSQL sent it (lossily for bytes that are not UTF-8, which only a
 /// SQL_ASCII database holds: the same bytes always give the same key).
-fn candidate(columns: &Columns, values: &[Value]) -> Result<Candidate> {
+fn candidate(columns: &Columns, values: &[Value], xid: u32) -> Result<Candidate> {
     let text = |at: usize, name: &str| match values.get(at) {
         Some(Value::Text(bytes)) => Ok(String::from_utf8_lossy(bytes).into_owned()),
         Some(Value::Null) => Ok(String::new()),
@@ -194,7 +200,7 @@ fn candidate(columns: &Columns, values: &[Value]) -> Result<Candidate> {
         text(columns.aggregate_type, "aggregate_type")?,
         text(columns.aggregate_id, "aggregate_id")?,
     );
-    Ok(Candidate { id, aggregate })
+    Ok(Candidate { id, aggregate, xid })
 }
 
 /// The replication connection's settings from a libpq connection string.

@@ -128,9 +128,29 @@ impl Env {
     }
 
     /// [`Env::config`] for `--source wal`, with a slot named after the database (slots are
-    /// cluster-wide; each test database gets its own), and the publication created.
+    /// cluster-wide; each test database gets its own), and the publication created. Published
+    /// rows are deleted (`--wal-marking delete`): a trigger keeps every written row's key in
+    /// `written_ledger` for [`Env::written`].
     pub async fn wal_config(&self) -> RelayConfig {
         create_publication(&self.db).await;
+        self.client()
+            .await
+            .batch_execute(
+                "CREATE TABLE IF NOT EXISTS written_ledger (
+                     id uuid PRIMARY KEY, seq bigint, aggregate_type text, aggregate_id text);
+                 INSERT INTO written_ledger SELECT id, seq, aggregate_type, aggregate_id
+                     FROM outbox_events ON CONFLICT DO NOTHING;
+                 CREATE OR REPLACE FUNCTION written_ledger_keep() RETURNS trigger
+                 LANGUAGE plpgsql AS $$
+                 BEGIN
+                     INSERT INTO written_ledger VALUES (NEW.id, NEW.seq, NEW.aggregate_type, NEW.aggregate_id);
+                     RETURN NULL;
+                 END $$;
+                 CREATE OR REPLACE TRIGGER written_ledger_keep AFTER INSERT ON outbox_events
+                     FOR EACH ROW EXECUTE FUNCTION written_ledger_keep();",
+            )
+            .await
+            .expect("the written ledger");
         RelayConfig {
             source: outbox_relay::Source::Wal,
             slot_name: Some(self.slot_name()),
@@ -402,9 +422,21 @@ pub struct Written {
 }
 
 impl Env {
-    /// Every row of the table (the ledger of what was written), in seq order.
+    /// Every row written (the ledger), in seq order: the table's rows, or `written_ledger` where
+    /// [`Env::wal_config`] keeps it (published rows are deleted there).
     pub async fn written(&self) -> Vec<Written> {
-        ledger(&self.client().await, "outbox_events").await
+        let client = self.client().await;
+        let kept: bool = client
+            .query_one("SELECT to_regclass('written_ledger') IS NOT NULL", &[])
+            .await
+            .expect("ledger table")
+            .get(0);
+        let table = if kept {
+            "written_ledger"
+        } else {
+            "outbox_events"
+        };
+        ledger(&client, table).await
     }
 }
 

@@ -364,6 +364,8 @@ async fn status_and_metrics_tell_about_the_slot() {
     streaming(&env).await;
     env.insert_sql(3, "a", "order.created").await;
     env.wait_stream_len(3, Duration::from_secs(30)).await;
+    // The batch commits just after its acks.
+    drained(&env, Duration::from_secs(10)).await;
     wait_until("the slot's gauges", Duration::from_secs(10), || async {
         let Some((200, text)) = testkit::http_get(addr, "/metrics").await else {
             return false;
@@ -425,5 +427,50 @@ async fn events_streamed_before_they_are_visible_are_claimed_again() {
     env.wait_stream_len(400, Duration::from_secs(30)).await;
     drained(&env, Duration::from_secs(10)).await;
     assert_ledger(&env.written().await, &env.stored().await);
+    relay.stop().await;
+}
+
+/// `--wal-marking update` keeps published rows, marked as the table source marks them.
+#[tokio::test]
+async fn wal_marking_update_keeps_the_rows_marked() {
+    let env = Env::new().await;
+    let config = RelayConfig {
+        wal_marking: outbox_relay::WalMarking::Update,
+        ..env.wal_config().await
+    };
+    let relay = env.spawn(config).await;
+    streaming(&env).await;
+    env.insert_interleaved(10, 5).await;
+    env.wait_stream_len(50, Duration::from_secs(30)).await;
+    drained(&env, Duration::from_secs(10)).await;
+    assert_eq!(env.count("processed_at IS NOT NULL").await, 50);
+    assert_ledger(&env.written().await, &env.stored().await);
+    relay.stop().await;
+}
+
+/// `--wal-marking delete` (the default): published rows leave the outbox, the others stay.
+#[tokio::test]
+async fn wal_marking_delete_removes_published_rows_only() {
+    let env = Env::new().await;
+    let relay = env.spawn(env.wal_config().await).await;
+    streaming(&env).await;
+    env.insert_interleaved(10, 5).await;
+    env.insert_sql(1, "poison", "bad.*").await;
+    env.insert_sql(2, "poison", "order.after").await;
+    env.wait_stream_len(50, Duration::from_secs(30)).await;
+    env.wait_dead_letters(1, Duration::from_secs(30)).await;
+    assert_eq!(
+        env.count("true").await,
+        3,
+        "the dead letter and the two behind it stay"
+    );
+    assert_ledger(
+        &env.written()
+            .await
+            .into_iter()
+            .filter(|w| !w.aggregate.ends_with("/poison"))
+            .collect::<Vec<_>>(),
+        &env.stored().await,
+    );
     relay.stop().await;
 }
