@@ -29,6 +29,9 @@
 //! - `store`: every relay query against PostgreSQL (`sql/queries`); `publisher`: everything NATS;
 //!   `subject`: the subject template, parsed at start and rendered per row.
 //! - `listener`: LISTEN/NOTIFY, reconnects, arming of the notify trigger.
+//! - `wal` (with `wal::pgoutput`): the replication stream of `--source wal` as domain changes;
+//!   `relay::wal`: its loop (leadership, slot, pipelined batches, aggregates handed to the table);
+//!   `store::wal`: its queries.
 //! - `http`: `/metrics`, `/healthz`, `/readyz`; `background`: gauges and the retention of
 //!   `outbox_events` and `processed_events`.
 //! - `db`, `tls`: connections, libpq connection strings, `sslmode` over rustls; `timestamp`:

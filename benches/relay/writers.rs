@@ -239,9 +239,14 @@ pub(crate) async fn writer_throughput(
     row.config = Some(variant.label.into());
     row.clients = Some(clients as u64);
     row.note(notify_share(notified, txns));
-    row.note(format!(
-        "relay committed {batches} batches during the run; pending when writers stopped: {left}"
-    ));
+    if variant.wal {
+        // Published rows are deleted (`--wal-marking delete`): no processed_at to count.
+        row.note(format!("pending when writers stopped: {left}"));
+    } else {
+        row.note(format!(
+            "relay committed {batches} batches during the run; pending when writers stopped: {left}"
+        ));
+    }
     let db_url = db.url.clone();
     drop(db);
     drop_db(&ctx, &db_url).await;

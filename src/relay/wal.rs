@@ -508,8 +508,10 @@ impl WalRelay<'_> {
                     if let Some(next) = next {
                         self.stores[next.store].reset();
                         batch.requeue(next.candidates);
+                        batch.last_commit = batch.last_commit.max(next.position);
                     }
                     batch.requeue(inflight.candidates);
+                    batch.last_commit = batch.last_commit.max(inflight.position);
                     if !self.batch_failed(control, e, shutdown).await? {
                         break;
                     }
