@@ -304,7 +304,12 @@ impl WalRelay<'_> {
         tracing::info!(slot = %self.slot, publication = %state.publication, deferred_aggregates = deferred.keys.len(), "streaming from the replication slot");
         self.metrics.wal_streaming.set(1);
         self.health.set_listener(true);
-        self.stream(control, stream, deferred, shutdown).await
+        let result = self.stream(control, stream, deferred, shutdown).await;
+        // A batch claimed but not published when the stream stopped (an error, a lost leadership)
+        // must not keep its rows locked through the pause: its connection goes, the rows are
+        // pending again for whoever streams next.
+        self.stores.iter_mut().for_each(Store::reset);
+        result
     }
 
     /// Behind a new slot: publishes from the table what committed before it (as the table source

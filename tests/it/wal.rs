@@ -474,3 +474,44 @@ async fn wal_marking_delete_removes_published_rows_only() {
     );
     relay.stop().await;
 }
+
+/// A streamed row another session holds (`SELECT ... FOR UPDATE`) is never overtaken: its
+/// aggregate waits (handed to the table), others go on, and it goes out once the lock is gone.
+#[tokio::test]
+async fn a_row_locked_by_another_session_is_not_overtaken() {
+    let env = Env::new().await;
+    let config = RelayConfig {
+        fallback_interval: Duration::from_secs(1),
+        ..env.wal_config().await
+    };
+    // The slot first (then stopped), so that the rows below are streamed, not caught up.
+    let relay = env.spawn(config.clone()).await;
+    streaming(&env).await;
+    relay.stop().await;
+    env.insert_sql(1, "a", "order.first").await;
+    env.insert_sql(1, "a", "order.second").await;
+    env.insert_sql(1, "b", "order.created").await;
+    let mut holder = env.client().await;
+    let lock = holder.transaction().await.expect("begin");
+    lock.execute(
+        "SELECT 1 FROM outbox_events WHERE event_type = 'order.first' FOR UPDATE",
+        &[],
+    )
+    .await
+    .expect("lock");
+    let relay = env.spawn(config).await;
+    env.wait_stream_len(1, Duration::from_secs(30)).await;
+    // Give the sweep a few chances to take the held row.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(env.stream_len().await, 1, "only b went out");
+    assert_eq!(
+        env.count("aggregate_id = 'a' AND processed_at IS NULL")
+            .await,
+        2
+    );
+    lock.commit().await.expect("release");
+    env.wait_stream_len(3, Duration::from_secs(30)).await;
+    drained(&env, Duration::from_secs(10)).await;
+    assert_ledger(&env.written().await, &env.stored().await);
+    relay.stop().await;
+}
