@@ -161,6 +161,10 @@ pub(crate) async fn run_claim(
     let claim_ms = started.elapsed().as_secs_f64() * 1000.0;
     let (claimed, full) = (claim.claimed, claim.full);
     if claim.groups.is_empty() {
+        // Nothing to publish, but what the claim found may still hand aggregates over (a wal
+        // batch whose every row is held elsewhere) or take them back (a sweep that found none
+        // pending).
+        hand_over(&mut claim, Vec::new());
         claim.finish(&[], &[]).await?;
         return Ok(BatchReport {
             claimed,

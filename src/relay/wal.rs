@@ -214,8 +214,10 @@ impl WalRelay<'_> {
         shutdown: &CancellationToken,
     ) -> std::result::Result<(), Stop> {
         let state = control.state(&self.slot).await.map_err(|e| {
-            if e.as_db_error().and_then(|d| d.code()).map(|c| c.code()) == Some("42883") {
-                // outbox_wal_publication() is missing: the schema predates version 5.
+            let code = e.as_db_error().and_then(|d| d.code()).map(|c| c.code());
+            if matches!(code, Some("42883" | "42P01")) {
+                // outbox_wal_publication() or outbox_wal_slots is missing: the schema predates
+                // version 5 (undefined_function, undefined_table).
                 Stop::Fatal(Error::schema_missing(
                     None,
                     crate::migrate::WAL_REQUIRED_VERSION,
@@ -600,10 +602,22 @@ impl WalRelay<'_> {
                     claim,
                     started,
                     |claim, unsettled| {
-                        let unsettled: HashSet<AggregateKey> = unsettled.into_iter().collect();
+                        // Taken back: the aggregates whose every pending row was in this sweep
+                        // and went out. Not those stopped at a row held elsewhere or not
+                        // visible, nor those with a failure.
+                        let mut not_out: HashSet<AggregateKey> = unsettled.into_iter().collect();
+                        not_out.extend(claim.defer.iter().cloned());
+                        not_out.extend(claim.carry.iter().map(|c| c.aggregate.clone()));
+                        let out: HashSet<AggregateKey> = claim
+                            .groups
+                            .iter()
+                            .filter_map(|g| g.first())
+                            .map(|e| (e.aggregate_type.clone(), e.aggregate_id.clone()))
+                            .filter(|k| !not_out.contains(k))
+                            .collect();
                         claim
                             .undefer
-                            .extend(complete.into_iter().filter(|k| !unsettled.contains(k)));
+                            .extend(complete.into_iter().filter(|k| out.contains(k)));
                         taken_back = claim.undefer.clone();
                     },
                 )
