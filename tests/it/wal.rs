@@ -516,3 +516,68 @@ async fn a_row_locked_by_another_session_is_not_overtaken() {
     assert_ledger(&env.written().await, &env.stored().await);
     relay.stop().await;
 }
+
+/// An outbox in its own schema: its publication and slot are named after the schema, so two
+/// outboxes in one database stream side by side.
+#[tokio::test]
+async fn outboxes_in_two_schemas_stream_side_by_side() {
+    let env = Env::without_stream(testkit::shared_pg()).await;
+    env.create_stream().await;
+    let db = env.db.clone();
+    let mut client = env.client().await;
+    let mut relays = Vec::new();
+    for schema in ["app_a", "app_b"] {
+        outbox_relay::migrate::migrate_in(&mut client, Some(schema))
+            .await
+            .expect("migrate");
+        let (publication, _) =
+            outbox_relay::migrate::create_publication_in(&mut client, Some(schema))
+                .await
+                .expect("publication");
+        assert_eq!(publication, format!("outbox_relay_{schema}"));
+        let config = RelayConfig {
+            schema: Some(schema.into()),
+            source: outbox_relay::Source::Wal,
+            // Slots are cluster-wide: the database's name keeps tests apart.
+            slot_name: Some(format!("{}_{schema}", env.slot_name())),
+            wal_marking: outbox_relay::WalMarking::Update,
+            ..env.config()
+        };
+        relays.push(env.spawn(config).await);
+    }
+    for (schema, n) in [("app_a", 3), ("app_b", 4)] {
+        let url = testkit::with_schema(&db, schema);
+        let c = testkit::pg_client(&url).await;
+        c.execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+             SELECT 'order', $1, 'order.created', '{}' FROM generate_series(1, $2::int)",
+            &[&schema, &n],
+        )
+        .await
+        .expect("insert");
+    }
+    env.wait_stream_len(7, Duration::from_secs(30)).await;
+    for schema in ["app_a", "app_b"] {
+        let c = testkit::pg_client(&testkit::with_schema(&db, schema)).await;
+        wait_until(
+            "the schema's rows processed",
+            Duration::from_secs(10),
+            || async {
+                let left: i64 = c
+                    .query_one(
+                        "SELECT count(*) FROM outbox_events WHERE processed_at IS NULL",
+                        &[],
+                    )
+                    .await
+                    .expect("count")
+                    .get(0);
+                left == 0
+            },
+        )
+        .await;
+    }
+    assert_eq!(env.stream_len().await, 7);
+    for r in relays {
+        r.stop().await;
+    }
+}
