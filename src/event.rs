@@ -131,6 +131,24 @@ pub struct OutboxEvent {
 }
 
 impl OutboxEvent {
+    /// An `order.created` event of aggregate `order`/`aggregate_id` with an empty payload, for
+    /// unit tests.
+    #[cfg(test)]
+    pub(crate) fn sample(aggregate_id: &str) -> OutboxEvent {
+        OutboxEvent {
+            id: Uuid::new_v4(),
+            seq: 1,
+            aggregate_type: "order".into(),
+            aggregate_id: aggregate_id.into(),
+            event_type: "created".into(),
+            payload: Bytes::from_static(b"{}"),
+            headers: Default::default(),
+            attempts: 0,
+            created_at: Timestamp::now(),
+            defect: None,
+        }
+    }
+
     /// Rows written with plain SQL never went through [`NewEvent::validate`]; check them the same way.
     pub fn validate(&self) -> Result<()> {
         if let Some(defect) = &self.defect {

@@ -278,18 +278,7 @@ mod tests {
 
     #[test]
     fn a_disabled_send_span_changes_no_header() {
-        let event = crate::OutboxEvent {
-            id: uuid::Uuid::new_v4(),
-            seq: 1,
-            aggregate_type: "order".into(),
-            aggregate_id: "1".into(),
-            event_type: "created".into(),
-            payload: bytes::Bytes::from_static(b"{}"),
-            headers: Default::default(),
-            attempts: 0,
-            created_at: crate::timestamp::Timestamp::now(),
-            defect: None,
-        };
+        let event = crate::OutboxEvent::sample("1");
         let span = send_span(&event, "outbox.created");
         assert!(span.is_disabled(), "no subscriber");
         assert!(outgoing_headers(&span).is_empty());

@@ -11,34 +11,31 @@ use crate::idle_latency::idle_latency;
 use crate::report::*;
 use crate::writers::{writer_throughput, Trigger, WriterVariant};
 
-const TABLE_WRITERS: WriterVariant = WriterVariant {
-    label: "table source (gated trigger), relay running",
-    trigger: Trigger::Ours,
-    relay_args: &[],
-    url_suffix: "",
-    diagnostic: false,
-    wal: false,
-};
+/// A writer-throughput variant of this scenario: the relay's source and the trigger.
+const fn writers(label: &'static str, trigger: Trigger, wal: bool) -> WriterVariant {
+    WriterVariant {
+        label,
+        trigger,
+        relay_args: if wal { &["--source", "wal"] } else { &[] },
+        url_suffix: "",
+        diagnostic: false,
+        wal,
+    }
+}
 
-const WAL_WRITERS: WriterVariant = WriterVariant {
-    label: "wal source, relay running",
-    trigger: Trigger::Ours,
-    relay_args: &["--source", "wal"],
-    url_suffix: "",
-    diagnostic: false,
-    wal: true,
-};
-
+const TABLE_WRITERS: WriterVariant = writers(
+    "table source (gated trigger), relay running",
+    Trigger::Ours,
+    false,
+);
+const WAL_WRITERS: WriterVariant = writers("wal source, relay running", Trigger::Ours, true);
 /// The wal source needs no NOTIFY trigger; without it writers pay nothing for the outbox but the
 /// row (README: "Writers pay nothing").
-const WAL_WRITERS_NO_TRIGGER: WriterVariant = WriterVariant {
-    label: "wal source, notify trigger disabled, relay running",
-    trigger: Trigger::None,
-    relay_args: &["--source", "wal"],
-    url_suffix: "",
-    diagnostic: false,
-    wal: true,
-};
+const WAL_WRITERS_NO_TRIGGER: WriterVariant = writers(
+    "wal source, notify trigger disabled, relay running",
+    Trigger::None,
+    true,
+);
 
 pub(crate) async fn scenario_wal(ctx: Arc<Ctx>) -> Vec<Row> {
     const S: &str = "6 wal source";

@@ -302,16 +302,8 @@ mod tests {
 
     fn event(aggregate: &str, attempts: i32) -> OutboxEvent {
         OutboxEvent {
-            id: Uuid::new_v4(),
-            seq: 1,
-            aggregate_type: "order".into(),
-            aggregate_id: aggregate.into(),
-            event_type: "created".into(),
-            payload: bytes::Bytes::from_static(b"{}"),
-            headers: Default::default(),
             attempts,
-            created_at: crate::timestamp::Timestamp::now(),
-            defect: None,
+            ..OutboxEvent::sample(aggregate)
         }
     }
 

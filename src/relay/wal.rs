@@ -6,7 +6,7 @@
 //! order until none is left, then the stream takes the aggregate back. The slot's position moves
 //! past a transaction only once each of its events is published or pending in the table.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::ops::Bound;
 use std::time::{Duration, Instant};
 
@@ -37,30 +37,6 @@ const SWEEP_AGGREGATES: usize = 100;
 /// A streamed row not visible yet is claimed again after this pause. PostgreSQL writes a commit
 /// record (which the stream sends) a moment before the transaction becomes visible to others.
 const VISIBILITY_RETRY: Duration = Duration::from_millis(1);
-
-/// A streamed row still not found after this long was deleted before it was published: it is
-/// given up (logged), and its aggregate goes on.
-const UNSEEN_LIMIT: Duration = Duration::from_secs(10);
-
-/// Notes the rows carried over (`unseen`: since when each is carried) and gives up those not
-/// found for [`UNSEEN_LIMIT`]: they were deleted. Only an aggregate's first carried row can be the
-/// one not found; its later rows are claimed again.
-fn give_up_unseen(carry: &mut Vec<Candidate>, unseen: &mut HashMap<Uuid, Instant>) {
-    let now = Instant::now();
-    let mut firsts: HashSet<&AggregateKey> = HashSet::new();
-    let mut gone: Vec<(Uuid, AggregateKey)> = Vec::new();
-    for c in carry.iter() {
-        let since = *unseen.entry(c.id).or_insert(now);
-        if firsts.insert(&c.aggregate) && now.duration_since(since) >= UNSEEN_LIMIT {
-            gone.push((c.id, c.aggregate.clone()));
-        }
-    }
-    for (id, aggregate) in &gone {
-        tracing::warn!(event_id = %id, aggregate_type = %aggregate.0, aggregate_id = %aggregate.1, "a streamed event is not in outbox_events (deleted before it was published); skipping it");
-        unseen.remove(id);
-    }
-    carry.retain(|c| !gone.iter().any(|(id, _)| *id == c.id));
-}
 
 /// Why leading stopped (shutdown returns `Ok`).
 enum Stop {
@@ -368,7 +344,9 @@ impl WalRelay<'_> {
         shutdown: &CancellationToken,
     ) -> std::result::Result<(), Stop> {
         let mut batch = Batch::default();
-        let mut unseen: HashMap<Uuid, Instant> = HashMap::new();
+        // Rows carried over (committed, not visible yet when claimed), until a batch takes them: the
+        // slot's position waits for them. They are never given up: the stream sent their commit.
+        let mut carried: HashSet<Uuid> = HashSet::new();
         // The batch claimed (on `stores[open.store]`) but not published yet.
         let mut open: Option<InFlight> = None;
         // The newest position of finished batches, confirmed once no row before it is carried.
@@ -419,7 +397,7 @@ impl WalRelay<'_> {
                     Ok(Some(claimed)) => open = Some(claimed),
                     Ok(None) => {
                         let position = confirm.take().max(batch.confirmable());
-                        if let Some(lsn) = position.filter(|_| unseen.is_empty()) {
+                        if let Some(lsn) = position.filter(|_| carried.is_empty()) {
                             stream.confirm(lsn);
                         } else {
                             confirm = position;
@@ -442,19 +420,17 @@ impl WalRelay<'_> {
                 0 => (first, second),
                 _ => (second, first),
             };
-            let blocked: HashSet<&AggregateKey> = deferred.keys.iter().collect();
             let publish = publish_claimed(
                 self.config,
                 &self.publisher,
                 self.metrics,
                 this_store,
                 inflight.claim,
-                &blocked,
+                &deferred.keys,
                 &inflight.skip,
             );
             let next = claim_next(&mut batch, &deferred, other_store, next_store);
             let (published, next) = tokio::join!(publish, next);
-            drop(blocked);
             let (next, next_error) = match next {
                 Ok(next) => (next, None),
                 Err((e, candidates)) => {
@@ -480,7 +456,7 @@ impl WalRelay<'_> {
                     let carried_ids: HashSet<Uuid> = carry.iter().map(|c| c.id).collect();
                     for c in &inflight.candidates {
                         if !carried_ids.contains(&c.id) {
-                            unseen.remove(&c.id);
+                            carried.remove(&c.id);
                         }
                     }
                     let mut next = next;
@@ -496,9 +472,9 @@ impl WalRelay<'_> {
                         carry.extend(later);
                         next.skip.extend(carried);
                     }
-                    give_up_unseen(&mut carry, &mut unseen);
+                    carried.extend(carry.iter().map(|c| c.id));
                     // The slot moves on only while no row before the position is carried.
-                    if unseen.is_empty() {
+                    if carried.is_empty() {
                         if let Some(lsn) = confirm.take() {
                             stream.confirm(lsn);
                         }
@@ -754,7 +730,7 @@ async fn publish_claimed(
     metrics: &Metrics,
     store: &mut Store,
     mut open: OpenClaim,
-    blocked: &HashSet<&AggregateKey>,
+    blocked: &BTreeSet<AggregateKey>,
     skip: &HashSet<AggregateKey>,
 ) -> Result<(BatchReport, Vec<AggregateKey>, Vec<Candidate>)> {
     let started = Instant::now();

@@ -537,15 +537,7 @@ mod tests {
     fn event(c: &Candidate) -> OutboxEvent {
         OutboxEvent {
             id: c.id,
-            seq: 1,
-            aggregate_type: c.aggregate.0.clone(),
-            aggregate_id: c.aggregate.1.clone(),
-            event_type: "created".into(),
-            payload: bytes::Bytes::from_static(b"{}"),
-            headers: Default::default(),
-            attempts: 0,
-            created_at: crate::timestamp::Timestamp::now(),
-            defect: None,
+            ..OutboxEvent::sample(&c.aggregate.1)
         }
     }
 
