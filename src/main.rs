@@ -13,6 +13,11 @@ use tokio_util::sync::CancellationToken;
 
 use cli::{Cli, Command, DeadLettersCommand, LogFormat, RunArgs};
 
+/// The relay allocates for every event (headers, futures, spans): mimalloc spends less CPU on that
+/// than the system allocator on the small machines an outbox relay shares with its database.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     // ring for every TLS client (the build also holds aws-lc-rs, through pgwire-replication).
     let _ = rustls::crypto::ring::default_provider().install_default();

@@ -236,14 +236,13 @@ impl Relay {
                 publisher,
                 metrics: &self.metrics,
                 health: &self.health,
-                stores: [
+                stores: std::array::from_fn(|_| {
                     Store::for_wal(
                         config.database_url.clone(),
                         session.clone(),
                         config.wal_marking,
-                    ),
-                    Store::for_wal(config.database_url.clone(), session, config.wal_marking),
-                ],
+                    )
+                }),
                 slot: config.slot(),
                 trouble: trouble_backoff(),
             };

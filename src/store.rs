@@ -201,6 +201,9 @@ pub(crate) struct Claim<'a> {
     /// `--source wal`: streamed rows not visible yet (with their aggregates' later ones), to
     /// claim again shortly.
     pub carry: Vec<wal::Candidate>,
+    /// `--wal-marking delete`: where each locked row is, so that the delete after the acks finds
+    /// the rows without a primary-key probe each.
+    tids: HashMap<Uuid, String>,
 }
 
 impl Store {
@@ -358,6 +361,7 @@ impl Store {
             defer: Vec::new(),
             undefer: Vec::new(),
             carry: Vec::new(),
+            tids: HashMap::new(),
         })
     }
 
@@ -388,6 +392,8 @@ struct ClaimedRow {
     aggregate: (String, String),
     event: Option<OutboxEvent>,
     held: bool,
+    /// `--wal-marking delete`: where the locked row is (`ctid`), for the delete after the acks.
+    tid: Option<String>,
 }
 
 /// The claim's parameters (rows, bytes, hop) as `ordering`'s statement takes them: the unordered
@@ -533,6 +539,7 @@ fn claimed_row(row: &Row) -> Result<ClaimedRow> {
             aggregate,
             event: None,
             held,
+            tid: None,
         });
     }
     let mut defects = Vec::new();
@@ -562,11 +569,17 @@ fn claimed_row(row: &Row) -> Result<ClaimedRow> {
             .unwrap_or_else(Timestamp::now),
         defect: (!defects.is_empty()).then(|| defects.join("; ")),
     };
+    // Only `lock_ids.sql` reads it (its last column).
+    let tid = match row.columns().last() {
+        Some(c) if c.name() == "tid" => row.try_get("tid")?,
+        _ => None,
+    };
     Ok(ClaimedRow {
         seq,
         aggregate,
         event: Some(event),
         held,
+        tid,
     })
 }
 
@@ -661,6 +674,7 @@ pub(crate) struct OpenClaim {
     defer: Vec<wal::AggregateKey>,
     undefer: Vec<wal::AggregateKey>,
     carry: Vec<wal::Candidate>,
+    tids: HashMap<Uuid, String>,
 }
 
 impl OpenClaim {
@@ -696,6 +710,7 @@ impl Store {
             defer: open.defer,
             undefer: open.undefer,
             carry: open.carry,
+            tids: open.tids,
         })
     }
 }
@@ -711,6 +726,7 @@ impl Claim<'_> {
             defer: self.defer,
             undefer: self.undefer,
             carry: self.carry,
+            tids: self.tids,
         }
     }
 
@@ -752,7 +768,8 @@ impl Claim<'_> {
                 .await?;
         }
         if let Some(wal) = &self.statements.wal {
-            wal.delete_published(self.client, published).await?;
+            wal.delete_published(self.client, published, &self.tids)
+                .await?;
             wal.hand_over(self.client, &self.defer, &self.undefer)
                 .await?;
         }
@@ -794,6 +811,7 @@ mod tests {
                 defect: None,
             }),
             held: false,
+            tid: None,
         }
     }
 

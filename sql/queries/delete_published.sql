@@ -1,5 +1,10 @@
--- --source wal with --wal-marking delete: the rows of the batch JetStream acknowledged ($1) leave
--- the outbox, in the batch's transaction. The stream holds them from now on; a DELETE costs
+-- --source wal with --wal-marking delete: the rows of the batch JetStream acknowledged leave the
+-- outbox, in the batch's transaction. The stream holds them from now on; a DELETE costs
 -- PostgreSQL less than marking the row (no new row version, no index entry, a WAL record of the
--- key only, which the walsender decodes in a fraction of the time).
-DELETE FROM outbox_events WHERE id = ANY($1::uuid[])
+-- key only, which the walsender decodes in a fraction of the time). The rows are found where the
+-- claim locked them ($1, their ctid: a TID scan, no primary-key probe each); a locked row does not
+-- move. Each ctid ($1) is paired with its row's id ($2), which keeps the statement exact whatever a
+-- ctid names (a pairwise test: an `id = ANY($2)` filter would compare each row with every id).
+DELETE FROM outbox_events e
+USING unnest($1::text[]::tid[], $2::uuid[]) AS p(tid, id)
+WHERE e.ctid = p.tid AND e.id = p.id

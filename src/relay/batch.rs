@@ -158,28 +158,66 @@ pub(crate) async fn run_claim(
     started: Instant,
     hand_over: impl FnOnce(&mut Claim<'_>, Vec<AggregateKey>),
 ) -> Result<BatchReport> {
+    match publish_claim(config, publisher, metrics, &mut claim, started, hand_over).await {
+        Ok(settled) => settled.finish(claim, metrics).await,
+        Err(e) => {
+            // A broker outage spends no attempts: the rollback releases the rows.
+            claim.rollback().await?;
+            Err(e)
+        }
+    }
+}
+
+/// A claim published and settled, its outcome not recorded yet: [`Published::finish`] records it
+/// and commits. `--source wal` publishes the next batch meanwhile.
+pub(crate) struct Published {
+    pub report: BatchReport,
+    published: Vec<Uuid>,
+    failures: Vec<Failure>,
+    started: Instant,
+    claim_ms: f64,
+    /// `None`: nothing was published (no batch metrics or log).
+    publish_ms: Option<f64>,
+}
+
+/// Publishes a claim and settles the outcomes (see [`run_claim`]); nothing is recorded yet. The
+/// error is a broker outage (no attempt spent): the caller rolls the claim back.
+pub(crate) async fn publish_claim(
+    config: &RelayConfig,
+    publisher: &Publisher,
+    metrics: &Metrics,
+    claim: &mut Claim<'_>,
+    started: Instant,
+    hand_over: impl FnOnce(&mut Claim<'_>, Vec<AggregateKey>),
+) -> Result<Published> {
     let claim_ms = started.elapsed().as_secs_f64() * 1000.0;
     let (claimed, full) = (claim.claimed, claim.full);
+    let mut published = Published {
+        report: BatchReport {
+            claimed,
+            full,
+            ..Default::default()
+        },
+        published: Vec::new(),
+        failures: Vec::new(),
+        started,
+        claim_ms,
+        publish_ms: None,
+    };
     if claim.groups.is_empty() {
         // Nothing to publish, but what the claim found may still hand aggregates over (a wal
         // batch whose every row is held elsewhere) or take them back (a sweep that found none
         // pending).
-        hand_over(&mut claim, Vec::new());
-        claim.finish(&[], &[]).await?;
-        return Ok(BatchReport {
-            claimed,
-            full,
-            ..Default::default()
-        });
+        hand_over(claim, Vec::new());
+        return Ok(published);
     }
     let publish_started = Instant::now();
     let outcomes = publisher.publish(&claim.groups).await;
     let publish_s = publish_started.elapsed().as_secs_f64();
     metrics.publish_duration.observe(publish_s);
+    published.publish_ms = Some(publish_s * 1000.0);
 
     if is_broker_outage(outcomes.iter().flatten()) {
-        // Spend no attempts; the rollback releases the rows.
-        claim.rollback().await?;
         return Err(Error::broker_unavailable(
             first_failure(&outcomes).unwrap_or_else(|| "no ack".into()),
         ));
@@ -195,31 +233,41 @@ pub(crate) async fn run_claim(
         .filter_map(|(g, _)| g.first())
         .map(|e| (e.aggregate_type.clone(), e.aggregate_id.clone()))
         .collect();
-    hand_over(&mut claim, unsettled);
-    let finish_started = Instant::now();
-    claim
-        .finish(&settlement.published, &settlement.failures)
-        .await?;
-    let finish_ms = finish_started.elapsed().as_secs_f64() * 1000.0;
-
-    let report = BatchReport {
+    hand_over(claim, unsettled);
+    published.report = BatchReport {
         claimed,
         full,
         ..settlement.report
     };
-    let elapsed = started.elapsed();
-    metrics.batch_duration.observe(elapsed.as_secs_f64());
-    tracing::debug!(
-        batch_size = report.claimed,
-        published = report.published,
-        failed = report.failed,
-        elapsed_ms = elapsed.as_secs_f64() * 1000.0,
-        claim_ms,
-        publish_ms = publish_s * 1000.0,
-        finish_ms,
-        "batch done"
-    );
-    Ok(report)
+    published.published = settlement.published;
+    published.failures = settlement.failures;
+    Ok(published)
+}
+
+impl Published {
+    /// Records the outcome in the claim's transaction and commits.
+    pub async fn finish(self, claim: Claim<'_>, metrics: &Metrics) -> Result<BatchReport> {
+        let finish_started = Instant::now();
+        claim.finish(&self.published, &self.failures).await?;
+        let report = self.report;
+        let Some(publish_ms) = self.publish_ms else {
+            return Ok(report);
+        };
+        let finish_ms = finish_started.elapsed().as_secs_f64() * 1000.0;
+        let elapsed = self.started.elapsed();
+        metrics.batch_duration.observe(elapsed.as_secs_f64());
+        tracing::debug!(
+            batch_size = report.claimed,
+            published = report.published,
+            failed = report.failed,
+            elapsed_ms = elapsed.as_secs_f64() * 1000.0,
+            claim_ms = self.claim_ms,
+            publish_ms,
+            finish_ms,
+            "batch done"
+        );
+        Ok(report)
+    }
 }
 
 /// A log line about one event, with its identifying fields.

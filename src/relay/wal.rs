@@ -17,7 +17,7 @@ use tokio::time::sleep_until;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::batch::{process_batch, run_claim, BatchReport};
+use super::batch::{process_batch, publish_claim, run_claim, BatchReport, Published};
 use super::pause;
 use crate::config::RelayConfig;
 use crate::error::{Error, Result};
@@ -64,8 +64,9 @@ pub(super) struct WalRelay<'a> {
     pub publisher: Publisher,
     pub metrics: &'a Metrics,
     pub health: &'a Health,
-    /// Two worker connections: one publishes a batch while the other claims the next.
-    pub stores: [Store; 2],
+    /// Three worker connections: one records a batch while the next publishes and the one after
+    /// is claimed.
+    pub stores: [Store; 3],
     pub slot: String,
     pub trouble: ExponentialBackoff<SystemClock>,
 }
@@ -347,10 +348,14 @@ impl WalRelay<'_> {
         // Rows carried over (committed, not visible yet when claimed), until a batch takes them: the
         // slot's position waits for them. They are never given up: the stream sent their commit.
         let mut carried: HashSet<Uuid> = HashSet::new();
-        // The batch claimed (on `stores[open.store]`) but not published yet.
+        // The batch claimed but not published yet.
         let mut open: Option<InFlight> = None;
-        // The newest position of finished batches, confirmed once no row before it is carried.
+        // The batch published and settled, its outcome not recorded yet.
+        let mut finishing: Option<Finishing> = None;
+        // The newest position of recorded batches, confirmed once no row before it is carried.
         let mut confirm: Option<u64> = None;
+        // The broker had trouble with part of the last batch published: record it, then pause.
+        let mut hold = false;
         loop {
             if control.is_closed() {
                 return Err(Stop::Retry(Error::replication(
@@ -358,8 +363,8 @@ impl WalRelay<'_> {
                     true,
                 )));
             }
-            let Some(inflight) = open.take() else {
-                // Nothing claimed: wait for the stream (or a sweep, a wake-up, shutdown).
+            if open.is_none() && finishing.is_none() {
+                // Nothing in flight: wait for the stream (or a sweep, a wake-up, shutdown).
                 if batch.candidates.is_empty() {
                     let sweep_at = deferred.sweep_at;
                     let first = tokio::select! {
@@ -392,122 +397,107 @@ impl WalRelay<'_> {
                         _ = tokio::time::sleep(VISIBILITY_RETRY) => {}
                     }
                 }
-                batch.fill(&mut stream, self.config)?;
-                match self.cut(&mut batch, &deferred, 0).await {
-                    Ok(Some(claimed)) => open = Some(claimed),
-                    Ok(None) => {
-                        let position = confirm.take().max(batch.confirmable());
-                        if let Some(lsn) = position.filter(|_| carried.is_empty()) {
-                            stream.confirm(lsn);
-                        } else {
-                            confirm = position;
-                        }
-                    }
-                    Err(e) => {
-                        if !self.batch_failed(control, e, shutdown).await? {
-                            break;
-                        }
-                    }
-                }
-                continue;
-            };
-            // Publish the claimed batch while the next one is read and claimed on the other
-            // connection (its publish waits for this one's outcome).
+            }
             batch.fill(&mut stream, self.config)?;
-            let next_store = 1 - inflight.store;
-            let [first, second] = &mut self.stores;
-            let (this_store, other_store) = match inflight.store {
-                0 => (first, second),
-                _ => (second, first),
-            };
-            let publish = publish_claimed(
-                self.config,
-                &self.publisher,
-                self.metrics,
-                this_store,
-                inflight.claim,
-                &deferred.keys,
-                &inflight.skip,
-            );
-            let next = claim_next(&mut batch, &deferred, other_store, next_store);
-            let (published, next) = tokio::join!(publish, next);
-            let (next, next_error) = match next {
-                Ok(next) => (next, None),
-                Err((e, candidates)) => {
-                    batch.requeue(candidates);
-                    (None, Some(e))
+            let step = self
+                .step(
+                    &mut batch,
+                    &deferred,
+                    finishing.take(),
+                    if hold { None } else { open.take() },
+                    hold,
+                )
+                .await;
+            let pause = std::mem::take(&mut hold);
+            let mut failure = step.failure;
+            if let Some((covered, report)) = step.recorded {
+                if !covered.handed.is_empty() {
+                    tracing::info!(
+                        aggregates = covered.handed.len(),
+                        "aggregates handed to the table (a failed or held event)"
+                    );
+                    deferred.keys.extend(covered.handed);
+                    deferred.sweep_in(report.next_retry.unwrap_or(self.config.fallback_interval));
                 }
-            };
-            match published {
-                Ok((report, handed, mut carry)) => {
-                    if !handed.is_empty() {
-                        tracing::info!(
-                            aggregates = handed.len(),
-                            "aggregates handed to the table (a failed or held event)"
-                        );
-                        deferred.keys.extend(handed);
-                        deferred
-                            .sweep_in(report.next_retry.unwrap_or(self.config.fallback_interval));
-                    }
-                    confirm = confirm.max(inflight.position);
-                    // Rows of this batch no longer carried are done (published, or handed to the
-                    // table); the carried ones, and the next batch's rows of their aggregates,
-                    // go again.
-                    let carried_ids: HashSet<Uuid> = carry.iter().map(|c| c.id).collect();
-                    for c in &inflight.candidates {
-                        if !carried_ids.contains(&c.id) {
-                            carried.remove(&c.id);
-                        }
-                    }
-                    let mut next = next;
-                    if let Some(next) = &mut next {
-                        // The next batch must not overtake the rows carried over.
-                        let carried: HashSet<AggregateKey> =
-                            carry.iter().map(|c| c.aggregate.clone()).collect();
-                        let (later, keep): (Vec<Candidate>, Vec<Candidate>) =
-                            std::mem::take(&mut next.candidates)
-                                .into_iter()
-                                .partition(|c| carried.contains(&c.aggregate));
-                        next.candidates = keep;
-                        carry.extend(later);
-                        next.skip.extend(carried);
-                    }
-                    carried.extend(carry.iter().map(|c| c.id));
-                    // The slot moves on only while no row before the position is carried.
-                    if carried.is_empty() {
-                        if let Some(lsn) = confirm.take() {
-                            stream.confirm(lsn);
-                        }
-                    }
-                    batch.requeue(carry);
-                    open = next;
-                    if !self.after(report, shutdown).await? {
-                        break;
-                    }
-                }
-                Err(e) => {
-                    // Nothing of this batch is recorded; the next one's claim is undone too, and
-                    // both go again in order.
-                    if let Some(next) = next {
-                        self.stores[next.store].reset();
-                        batch.requeue(next.candidates);
-                        batch.last_commit = batch.last_commit.max(next.position);
-                    }
-                    batch.requeue(inflight.candidates);
-                    batch.last_commit = batch.last_commit.max(inflight.position);
-                    if !self.batch_failed(control, e, shutdown).await? {
-                        break;
-                    }
+                confirm = confirm.max(covered.position);
+                if report.broker_failures == 0 && failure.is_none() {
+                    self.trouble.reset();
                 }
             }
-            if let Some(e) = next_error {
+            let mut next = step.claimed;
+            if let Some(published) = step.published {
+                // Rows of this batch no longer carried are done (published, or handed to the
+                // table once it is recorded); the carried ones, and the next batch's rows of their
+                // aggregates, go again.
+                let mut carry = published.carry;
+                let carried_ids: HashSet<Uuid> = carry.iter().map(|c| c.id).collect();
+                for c in &published.finishing.covered.candidates {
+                    if !carried_ids.contains(&c.id) {
+                        carried.remove(&c.id);
+                    }
+                }
+                if let Some(next) = &mut next {
+                    // The next batch must not overtake the rows carried over.
+                    let aggregates: HashSet<AggregateKey> =
+                        carry.iter().map(|c| c.aggregate.clone()).collect();
+                    let (later, keep): (Vec<Candidate>, Vec<Candidate>) =
+                        std::mem::take(&mut next.covered.candidates)
+                            .into_iter()
+                            .partition(|c| aggregates.contains(&c.aggregate));
+                    next.covered.candidates = keep;
+                    carry.extend(later);
+                    next.skip.extend(aggregates);
+                }
+                carried.extend(carry.iter().map(|c| c.id));
+                batch.requeue(carry);
+                if published.finishing.published.report.broker_failures > 0 {
+                    tracing::warn!(
+                        published = published.finishing.published.report.published,
+                        broker_failures = published.finishing.published.report.broker_failures,
+                        "broker trouble during a batch; backing off"
+                    );
+                    hold = true;
+                }
+                finishing = Some(published.finishing);
+            }
+            if let Some(unwind) = step.unwind {
+                // Not recorded: what was in flight goes again, in stream order (requeued from
+                // the newest, each in front of the rest).
+                // The batch claimed after them: this step's claim, or the one held through a pause.
+                if let Some(later) = next.take().or_else(|| open.take()) {
+                    self.stores[later.store].reset();
+                    batch.requeue_done(later.covered);
+                }
+                for covered in unwind.into_iter().rev() {
+                    batch.requeue_done(covered);
+                }
+            }
+            open = next.or(open);
+            // The slot moves on only while no row before the position is carried.
+            if open.is_none() && finishing.is_none() && batch.candidates.is_empty() {
+                confirm = confirm.max(batch.confirmable());
+            }
+            if carried.is_empty() {
+                if let Some(lsn) = confirm.take() {
+                    stream.confirm(lsn);
+                }
+            }
+            if let Some(e) = failure.take() {
                 if !self.batch_failed(control, e, shutdown).await? {
                     break;
                 }
+            } else if pause && !self.back_off(shutdown).await {
+                break;
             }
         }
-        // Shutdown: a batch claimed but not published is undone (its rows are pending again);
-        // whatever was not confirmed streams again to the next leader.
+        // Shutdown: the batch published is recorded (its events went out); one claimed but not
+        // published is undone (its rows are pending again); whatever was not confirmed streams
+        // again to the next leader.
+        if let Some(f) = finishing {
+            if let Err(e) = f.finish(&mut self.stores, self.metrics).await {
+                tracing::warn!(error = %e, "recording the last batch failed; its events go out again");
+            }
+        }
         if let Some(inflight) = open {
             self.stores[inflight.store].reset();
         }
@@ -515,20 +505,130 @@ impl WalRelay<'_> {
         Ok(())
     }
 
-    /// Claims the batch in hand on `stores[store]` (its aggregates handed to the table left out).
-    /// `None`: nothing to claim.
-    async fn cut(
+    /// One step of the pipeline, on three connections side by side: records the batch published
+    /// before (`finishing`), publishes the batch claimed before (`open`, leaving out what the
+    /// recorded batch hands to the table) and claims the next from `batch`. `hold`: only record.
+    async fn step(
         &mut self,
         batch: &mut Batch,
         deferred: &Deferred,
-        store: usize,
-    ) -> Result<Option<InFlight>> {
-        claim_next(batch, deferred, &mut self.stores[store], store)
-            .await
-            .map_err(|(e, candidates)| {
+        finishing: Option<Finishing>,
+        open: Option<InFlight>,
+        hold: bool,
+    ) -> Step {
+        let fin_store = finishing.as_ref().map(|f| f.store);
+        let pub_store = open.as_ref().map(|o| o.store);
+        let claim_store = (0..self.stores.len())
+            .find(|i| Some(*i) != fin_store && Some(*i) != pub_store)
+            .unwrap_or(0);
+        let (mut fin_s, mut pub_s, mut claim_s) = (None, None, None);
+        for (i, s) in self.stores.iter_mut().enumerate() {
+            if Some(i) == fin_store {
+                fin_s = Some(s);
+            } else if Some(i) == pub_store {
+                pub_s = Some(s);
+            } else if i == claim_store {
+                claim_s = Some(s);
+            }
+        }
+        let (fin_work, fin_covered) = match finishing {
+            Some(f) => (Some((f.claim, f.published)), Some(f.covered)),
+            None => (None, None),
+        };
+        let (pub_work, pub_covered, mut skip) = match open {
+            Some(o) => (Some(o.claim), Some(o.covered), o.skip),
+            None => (None, None, HashSet::new()),
+        };
+        // The batch being recorded hands these to the table: the next one leaves them out.
+        if let Some(done) = &fin_covered {
+            skip.extend(done.handed.iter().cloned());
+        }
+        let metrics = self.metrics;
+        let record = async {
+            match (fin_work, fin_s) {
+                (Some((claim, published)), Some(store)) => Some(match store.resume(claim) {
+                    Ok(claim) => published.finish(claim, metrics).await,
+                    Err(e) => Err(e),
+                }),
+                _ => None,
+            }
+        };
+        let publish = async {
+            match (pub_work, pub_s) {
+                (Some(claim), Some(store)) => Some(
+                    publish_claimed(
+                        self.config,
+                        &self.publisher,
+                        metrics,
+                        store,
+                        claim,
+                        &deferred.keys,
+                        &skip,
+                    )
+                    .await,
+                ),
+                _ => None,
+            }
+        };
+        let claim = async {
+            match claim_s {
+                Some(store) if !hold => Some(claim_next(batch, deferred, store, claim_store).await),
+                _ => None,
+            }
+        };
+        let (recorded, published, claimed) = tokio::join!(record, publish, claim);
+        let mut step = Step::default();
+        let mut unwind = Vec::new();
+        match claimed {
+            Some(Ok(next)) => step.claimed = next,
+            Some(Err((e, candidates))) => {
                 batch.requeue(candidates);
-                e
-            })
+                step.failure = Some(e);
+            }
+            None => {}
+        }
+        let recorded_ok = match (recorded, fin_covered) {
+            (Some(Ok(report)), Some(covered)) => {
+                step.recorded = Some((covered, report));
+                true
+            }
+            (Some(Err(e)), Some(covered)) => {
+                unwind.push(covered);
+                step.failure = Some(e);
+                false
+            }
+            _ => true,
+        };
+        match (published, pub_covered) {
+            (Some(Ok((claim, published, handed, carry))), Some(mut covered)) if recorded_ok => {
+                covered.handed = handed;
+                step.published = Some(PublishedBatch {
+                    finishing: Finishing {
+                        store: pub_store.unwrap_or(0),
+                        claim,
+                        published,
+                        covered,
+                    },
+                    carry,
+                });
+            }
+            (Some(result), Some(covered)) => {
+                // Not published (a broker outage rolled it back; a lost connection), or published
+                // after a batch before it that could not be recorded: it goes again.
+                if let Some(store) = pub_store {
+                    self.stores[store].reset();
+                }
+                if let Err(e) = result {
+                    step.failure.get_or_insert(e);
+                }
+                unwind.push(covered);
+            }
+            _ => {}
+        }
+        if !unwind.is_empty() {
+            step.unwind = Some(unwind);
+        }
+        step
     }
 
     /// After a batch that failed as a whole: the connections that may be broken are dropped and
@@ -637,24 +737,6 @@ impl WalRelay<'_> {
         }
     }
 
-    /// After a batch went through: a pause when the broker had trouble with part of it.
-    async fn after(
-        &mut self,
-        report: BatchReport,
-        shutdown: &CancellationToken,
-    ) -> std::result::Result<bool, Stop> {
-        if report.broker_failures > 0 {
-            tracing::warn!(
-                published = report.published,
-                broker_failures = report.broker_failures,
-                "broker trouble during a batch; backing off"
-            );
-            return Ok(self.back_off(shutdown).await);
-        }
-        self.trouble.reset();
-        Ok(true)
-    }
-
     async fn back_off(&mut self, shutdown: &CancellationToken) -> bool {
         let delay = self.trouble_delay();
         pause(shutdown, delay).await
@@ -675,16 +757,57 @@ impl WalRelay<'_> {
     }
 }
 
+/// What a batch in flight stands for in the stream.
+struct Covered {
+    /// What was claimed, in stream order: claimed again if the batch has to be retried.
+    candidates: Vec<Candidate>,
+    /// The position to confirm once the batch is recorded.
+    position: Option<u64>,
+    /// Aggregates the batch hands to the table (known once it is settled).
+    handed: Vec<AggregateKey>,
+}
+
 /// A batch claimed on `stores[store]`, not published yet.
 struct InFlight {
     store: usize,
     claim: OpenClaim,
-    /// What was claimed, in stream order: claimed again if the batch has to be retried.
-    candidates: Vec<Candidate>,
-    /// The position to confirm once the batch is done.
-    position: Option<u64>,
-    /// Aggregates not to publish in this batch: rows of the batch before carried over.
+    covered: Covered,
+    /// Aggregates not to publish in this batch: rows of a batch before carried over, or handed to
+    /// the table by the batch recorded while this one publishes.
     skip: HashSet<AggregateKey>,
+}
+
+/// A batch published and settled on `stores[store]`, its outcome not recorded yet.
+struct Finishing {
+    store: usize,
+    claim: OpenClaim,
+    published: Published,
+    covered: Covered,
+}
+
+impl Finishing {
+    async fn finish(self, stores: &mut [Store], metrics: &Metrics) -> Result<BatchReport> {
+        let claim = stores[self.store].resume(self.claim)?;
+        self.published.finish(claim, metrics).await
+    }
+}
+
+/// A batch this step published: to record in the next step; `carry`, its rows to claim again.
+struct PublishedBatch {
+    finishing: Finishing,
+    carry: Vec<Candidate>,
+}
+
+/// What one step of the pipeline did.
+#[derive(Default)]
+struct Step {
+    /// The batch recorded, and its report.
+    recorded: Option<(Covered, BatchReport)>,
+    published: Option<PublishedBatch>,
+    claimed: Option<InFlight>,
+    /// Batches not recorded (a failure on the way), oldest first: they go again.
+    unwind: Option<Vec<Covered>>,
+    failure: Option<Error>,
 }
 
 /// Claims what the batch holds (aggregates handed to the table left out) on `store`; on failure
@@ -710,8 +833,11 @@ async fn claim_next(
         Ok(claim) => Ok(Some(InFlight {
             store: index,
             claim: claim.into_open(),
-            candidates,
-            position,
+            covered: Covered {
+                candidates,
+                position,
+                handed: Vec::new(),
+            },
             skip: HashSet::new(),
         })),
         Err(e) => {
@@ -721,9 +847,10 @@ async fn claim_next(
     }
 }
 
-/// Publishes, settles and commits a claimed batch. Groups of aggregates in `blocked` (handed to
-/// the table by the batch before) or `skip` are not published: the commit puts their rows back.
-/// Returns the report, the aggregates handed to the table and the rows to claim again.
+/// Publishes and settles a claimed batch; its outcome is recorded later ([`Finishing`]). Groups of
+/// aggregates in `blocked` (handed to the table) or `skip` are not published: the commit puts
+/// their rows back. Returns the claim, the settlement, the aggregates handed to the table and the
+/// rows to claim again. A broker outage rolls the claim back.
 async fn publish_claimed(
     config: &RelayConfig,
     publisher: &Publisher,
@@ -732,7 +859,7 @@ async fn publish_claimed(
     mut open: OpenClaim,
     blocked: &BTreeSet<AggregateKey>,
     skip: &HashSet<AggregateKey>,
-) -> Result<(BatchReport, Vec<AggregateKey>, Vec<Candidate>)> {
+) -> Result<(OpenClaim, Published, Vec<AggregateKey>, Vec<Candidate>)> {
     let started = Instant::now();
     open.groups_mut().retain(|g| {
         g.first().is_none_or(|e| {
@@ -741,13 +868,13 @@ async fn publish_claimed(
         })
     });
     let carry = open.take_carry();
-    let claim = store.resume(open)?;
+    let mut claim = store.resume(open)?;
     let mut handed = Vec::new();
-    let report = run_claim(
+    let result = publish_claim(
         config,
         publisher,
         metrics,
-        claim,
+        &mut claim,
         started,
         |claim, unsettled| {
             for key in unsettled {
@@ -758,8 +885,14 @@ async fn publish_claimed(
             handed = claim.defer.clone();
         },
     )
-    .await?;
-    Ok((report, handed, carry))
+    .await;
+    match result {
+        Ok(published) => Ok((claim.into_open(), published, handed, carry)),
+        Err(e) => {
+            claim.rollback().await?;
+            Err(e)
+        }
+    }
 }
 
 impl Batch {
@@ -767,6 +900,12 @@ impl Batch {
     fn requeue(&mut self, mut candidates: Vec<Candidate>) {
         candidates.append(&mut self.candidates);
         self.candidates = candidates;
+    }
+
+    /// Puts a batch that was not recorded back in front, with its position.
+    fn requeue_done(&mut self, covered: Covered) {
+        self.requeue(covered.candidates);
+        self.last_commit = self.last_commit.max(covered.position);
     }
 
     /// Takes what the stream has ready, up to the batch's limits, without waiting.

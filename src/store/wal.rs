@@ -19,6 +19,7 @@ pub(crate) type AggregateKey = (String, String);
 const CLAIM_IDS: &str = include_str!("../../sql/queries/claim_ids.sql");
 const LOCK_IDS: &str = include_str!("../../sql/queries/lock_ids.sql");
 const DELETE_PUBLISHED: &str = include_str!("../../sql/queries/delete_published.sql");
+const DELETE_PUBLISHED_IDS: &str = include_str!("../../sql/queries/delete_published_ids.sql");
 const ROW_STATES: &str = include_str!("../../sql/queries/row_states.sql");
 const PENDING_OF: &str = include_str!("../../sql/queries/pending_of.sql");
 const DEFER: &str = include_str!("../../sql/queries/defer.sql");
@@ -34,6 +35,7 @@ const SLOT_CAUGHT_UP: &str = include_str!("../../sql/queries/slot_caught_up.sql"
 const SLOT_LAG: &str = include_str!("../../sql/queries/slot_lag.sql");
 
 const UUIDS: &[Type] = &[Type::UUID_ARRAY];
+const TIDS_UUIDS: &[Type] = &[Type::TEXT_ARRAY, Type::UUID_ARRAY];
 const ROW_STATES_TYPES: &[Type] = &[Type::UUID_ARRAY, Type::INT8_ARRAY];
 const KEYS: &[Type] = &[Type::TEXT_ARRAY, Type::TEXT_ARRAY];
 const PENDING_OF_TYPES: &[Type] = &[Type::TEXT_ARRAY, Type::TEXT_ARRAY, Type::INT8];
@@ -42,7 +44,9 @@ const PENDING_OF_TYPES: &[Type] = &[Type::TEXT_ARRAY, Type::TEXT_ARRAY, Type::IN
 pub(crate) struct WalStatements {
     /// `claim_ids.sql` (marking) or `lock_ids.sql` (`--wal-marking delete`).
     claim_ids: Stmt,
-    delete_published: Option<Stmt>,
+    /// `--wal-marking delete`: by where the rows are (`delete_published.sql`), and by id
+    /// (`delete_published_ids.sql`) for rows claimed from the table (the catch-up).
+    delete_published: Option<(Stmt, Stmt)>,
     row_states: Stmt,
     pending_of: Stmt,
     defer: Stmt,
@@ -55,7 +59,10 @@ impl WalStatements {
             WalMarking::Update => (CLAIM_IDS, None),
             WalMarking::Delete => (
                 LOCK_IDS,
-                Some(Stmt::new(client, DELETE_PUBLISHED, UUIDS, prepare).await?),
+                Some((
+                    Stmt::new(client, DELETE_PUBLISHED, TIDS_UUIDS, prepare).await?,
+                    Stmt::new(client, DELETE_PUBLISHED_IDS, UUIDS, prepare).await?,
+                )),
             ),
         };
         Ok(WalStatements {
@@ -69,10 +76,33 @@ impl WalStatements {
     }
 
     /// With `--wal-marking delete`: the rows whose ack arrived leave the outbox, in the batch's
-    /// transaction.
-    pub async fn delete_published(&self, client: &Client, published: &[Uuid]) -> Result<()> {
-        if let (Some(stmt), false) = (&self.delete_published, published.is_empty()) {
-            stmt.execute(client, &[&published]).await?;
+    /// transaction. Rows locked by this claim are found where the claim found them (`tids`); the
+    /// others (claimed from the table) by id.
+    pub async fn delete_published(
+        &self,
+        client: &Client,
+        published: &[Uuid],
+        tids: &HashMap<Uuid, String>,
+    ) -> Result<()> {
+        let Some((by_tid, by_id)) = &self.delete_published else {
+            return Ok(());
+        };
+        let mut located = (Vec::new(), Vec::new());
+        let mut rest = Vec::new();
+        for id in published {
+            match tids.get(id) {
+                Some(tid) => {
+                    located.0.push(tid.as_str());
+                    located.1.push(*id);
+                }
+                None => rest.push(*id),
+            }
+        }
+        if !located.0.is_empty() {
+            by_tid.execute(client, &[&located.0, &located.1]).await?;
+        }
+        if !rest.is_empty() {
+            by_id.execute(client, &[&rest]).await?;
         }
         Ok(())
     }
@@ -130,7 +160,7 @@ impl Store {
         let wal = wal_statements(statements)?;
         self.in_tx = true;
         client.batch_execute(&self.session.begin).await?;
-        let (grouping, marked) = claim_in(client, wal, candidates).await?;
+        let (grouping, marked, tids) = claim_in(client, wal, candidates).await?;
         Ok(Claim {
             client,
             statements,
@@ -142,6 +172,7 @@ impl Store {
             defer: grouping.defer,
             undefer: Vec::new(),
             carry: grouping.carry,
+            tids,
         })
     }
 
@@ -214,7 +245,7 @@ impl Store {
                 info.complete.push(key.clone());
             }
         }
-        let (grouping, marked) = claim_in(client, wal, &candidates).await?;
+        let (grouping, marked, tids) = claim_in(client, wal, &candidates).await?;
         let claim = Claim {
             client,
             statements,
@@ -227,6 +258,7 @@ impl Store {
             undefer: info.cleared.clone(),
             // Read from the table in this transaction: every one is visible.
             carry: grouping.carry,
+            tids,
         };
         Ok((claim, info))
     }
@@ -252,9 +284,9 @@ async fn claim_in(
     client: &Client,
     wal: &WalStatements,
     candidates: &[Candidate],
-) -> Result<(Grouping, Vec<Uuid>)> {
+) -> Result<(Grouping, Vec<Uuid>, HashMap<Uuid, String>)> {
     if candidates.is_empty() {
-        return Ok((Grouping::default(), Vec::new()));
+        return Ok((Grouping::default(), Vec::new(), HashMap::new()));
     }
     let ids: Vec<Uuid> = candidates.iter().map(|c| c.id).collect();
     let params: [&(dyn ToSql + Sync); 1] = [&ids];
@@ -267,10 +299,16 @@ async fn claim_in(
             .filter_map(|r| r.event.as_ref().map(|e| e.id))
             .collect(),
     };
-    let mut claimed: HashMap<Uuid, OutboxEvent> = rows
-        .into_iter()
-        .filter_map(|r| r.event.map(|e| (e.id, e)))
-        .collect();
+    let mut tids = HashMap::new();
+    let mut claimed: HashMap<Uuid, OutboxEvent> = HashMap::with_capacity(rows.len());
+    for row in rows {
+        if let Some(event) = row.event {
+            if let Some(tid) = row.tid {
+                tids.insert(event.id, tid);
+            }
+            claimed.insert(event.id, event);
+        }
+    }
     let (missing, xids): (Vec<Uuid>, Vec<i64>) = candidates
         .iter()
         .filter(|c| !claimed.contains_key(&c.id))
@@ -289,7 +327,7 @@ async fn claim_in(
         }
     }
     let grouping = group_candidates(candidates, &mut claimed, &states);
-    Ok((grouping, marked))
+    Ok((grouping, marked, tids))
 }
 
 /// What became of a candidate the claim did not take.
