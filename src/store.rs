@@ -695,7 +695,7 @@ impl Store {
         let live = self.in_tx && self.conn.as_ref().is_some_and(|(c, _)| !c.is_closed());
         let Some((client, statements)) = self.conn.as_ref().filter(|_| live) else {
             return Err(crate::error::Error::replication(
-                "the connection of a claimed batch closed before its publish",
+                "the connection holding a claimed batch closed",
                 true,
             ));
         };

@@ -363,7 +363,15 @@ impl WalRelay<'_> {
                     true,
                 )));
             }
+            // A sweep that is due runs once the pipeline is empty (no new batch is claimed
+            // meanwhile), so that a stream that never pauses does not keep it waiting.
+            let sweep_due = deferred.sweep_at.is_some_and(|at| at <= Instant::now());
             if open.is_none() && finishing.is_none() {
+                if sweep_due {
+                    deferred.sweep_at = None;
+                    self.sweep(&mut deferred).await;
+                    continue;
+                }
                 // Nothing in flight: wait for the stream (or a sweep, a wake-up, shutdown).
                 if batch.candidates.is_empty() {
                     let sweep_at = deferred.sweep_at;
@@ -405,7 +413,7 @@ impl WalRelay<'_> {
                     &deferred,
                     finishing.take(),
                     if hold { None } else { open.take() },
-                    hold,
+                    hold || sweep_due,
                 )
                 .await;
             let pause = std::mem::take(&mut hold);
@@ -507,14 +515,14 @@ impl WalRelay<'_> {
 
     /// One step of the pipeline, on three connections side by side: records the batch published
     /// before (`finishing`), publishes the batch claimed before (`open`, leaving out what the
-    /// recorded batch hands to the table) and claims the next from `batch`. `hold`: only record.
+    /// recorded batch hands to the table) and claims the next from `batch` unless `no_claim`.
     async fn step(
         &mut self,
         batch: &mut Batch,
         deferred: &Deferred,
         finishing: Option<Finishing>,
         open: Option<InFlight>,
-        hold: bool,
+        no_claim: bool,
     ) -> Step {
         let fin_store = finishing.as_ref().map(|f| f.store);
         let pub_store = open.as_ref().map(|o| o.store);
@@ -572,7 +580,9 @@ impl WalRelay<'_> {
         };
         let claim = async {
             match claim_s {
-                Some(store) if !hold => Some(claim_next(batch, deferred, store, claim_store).await),
+                Some(store) if !no_claim => {
+                    Some(claim_next(batch, deferred, store, claim_store).await)
+                }
                 _ => None,
             }
         };
@@ -887,7 +897,13 @@ async fn publish_claimed(
     )
     .await;
     match result {
-        Ok(published) => Ok((claim.into_open(), published, handed, carry)),
+        Ok(published) => {
+            // Recording needs the ids only: the rows' content goes now, so that no more than two
+            // batches' rows (this one publishing, the next claimed) are held at once.
+            let mut open = claim.into_open();
+            *open.groups_mut() = Vec::new();
+            Ok((open, published, handed, carry))
+        }
         Err(e) => {
             claim.rollback().await?;
             Err(e)

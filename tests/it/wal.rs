@@ -261,6 +261,39 @@ async fn relay_sigkilled_mid_stream_loses_and_reorders_nothing() {
     assert_eq!(relay.terminate(), Some(0));
 }
 
+/// The worker connections (three: one records a batch while the next publishes and the one after
+/// is claimed) terminated again and again while the stream flows: whichever stage a batch is in,
+/// what was not recorded goes again in order, behind nothing later of its aggregates.
+#[tokio::test]
+async fn worker_connections_terminated_mid_stream_lose_and_reorder_nothing() {
+    let _turn = testkit::heavy().await;
+    let env = Env::new().await;
+    env.wal_config().await; // the publication
+    let relay = cli_wal(&env, &["--batch-size", "100"]);
+    streaming(&env).await;
+    let admin = env.client().await;
+    let mut kills = 0;
+    for _ in 0..12 {
+        env.insert_interleaved(50, 5).await; // 250 events in 50 aggregates, one statement
+        let n: i64 = admin
+            .query_one(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+                 WHERE datname = current_database() AND application_name = 'outbox-relay'",
+                &[],
+            )
+            .await
+            .expect("terminate")
+            .get(0);
+        kills += n;
+        tokio::time::sleep(Duration::from_millis(100)).await; // spacing between fault injections
+    }
+    assert!(kills >= 5, "terminated only {kills} connections");
+    env.wait_stream_len(3000, Duration::from_secs(90)).await;
+    drained(&env, Duration::from_secs(30)).await;
+    assert_ledger(&env.written().await, &env.stored().await);
+    assert_eq!(relay.terminate(), Some(0));
+}
+
 #[tokio::test]
 async fn postgres_restarts_mid_stream() {
     let _turn = testkit::heavy().await;
