@@ -188,6 +188,21 @@ impl Env {
             .expect("insert");
     }
 
+    /// Terminates this database's backends whose `application_name` is LIKE `pattern`; returns
+    /// how many.
+    pub async fn terminate_backends(&self, pattern: &str) -> i64 {
+        self.client()
+            .await
+            .query_one(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+                 WHERE datname = current_database() AND application_name LIKE $1",
+                &[&pattern],
+            )
+            .await
+            .expect("terminate backends")
+            .get(0)
+    }
+
     pub async fn count(&self, where_clause: &str) -> i64 {
         let client = self.client().await;
         client

@@ -109,19 +109,9 @@ async fn relay_connections_terminated_repeatedly_during_a_drain() {
     config.batch_size = 500;
     config.fallback_interval = Duration::from_secs(1);
     let relay = env.spawn(config).await;
-    let admin = env.client().await;
     let mut kills = 0;
     for _ in 0..15 {
-        let n: i64 = admin
-            .query_one(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-                 WHERE datname = current_database() AND application_name LIKE 'outbox-relay%'",
-                &[],
-            )
-            .await
-            .expect("terminate")
-            .get(0);
-        kills += n;
+        kills += env.terminate_backends("outbox-relay%").await;
         tokio::time::sleep(Duration::from_millis(150)).await; // spacing between fault injections
     }
     assert!(kills >= 5, "terminated only {kills} connections");

@@ -271,20 +271,11 @@ async fn worker_connections_terminated_mid_stream_lose_and_reorder_nothing() {
     env.wal_config().await; // the publication
     let relay = cli_wal(&env, &["--batch-size", "100"]);
     streaming(&env).await;
-    let admin = env.client().await;
     let mut kills = 0;
     for _ in 0..12 {
         env.insert_interleaved(50, 5).await; // 250 events in 50 aggregates, one statement
-        let n: i64 = admin
-            .query_one(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-                 WHERE datname = current_database() AND application_name = 'outbox-relay'",
-                &[],
-            )
-            .await
-            .expect("terminate")
-            .get(0);
-        kills += n;
+                                             // The worker connections only (not the control or replication connection).
+        kills += env.terminate_backends("outbox-relay").await;
         tokio::time::sleep(Duration::from_millis(100)).await; // spacing between fault injections
     }
     assert!(kills >= 5, "terminated only {kills} connections");
