@@ -357,6 +357,10 @@ impl WalRelay<'_> {
         // The broker had trouble with part of the last batch published: record it, then pause.
         let mut hold = false;
         loop {
+            // Between steps too: a stream that never pauses must not keep the relay from stopping.
+            if shutdown.is_cancelled() {
+                break;
+            }
             if control.is_closed() {
                 return Err(Stop::Retry(Error::replication(
                     "the control connection (the leadership) was lost",

@@ -289,29 +289,11 @@ async fn claim_in(
         return Ok((Grouping::default(), Vec::new(), HashMap::new()));
     }
     let ids: Vec<Uuid> = candidates.iter().map(|c| c.id).collect();
-    let params: [&(dyn ToSql + Sync); 1] = [&ids];
-    let rows = read_claim(client, &wal.claim_ids, &params).await?;
-    // Locked only (`--wal-marking delete`): nothing to put back at the commit.
-    let marked: Vec<Uuid> = match wal.delete_published {
-        Some(_) => Vec::new(),
-        None => rows
-            .iter()
-            .filter_map(|r| r.event.as_ref().map(|e| e.id))
-            .collect(),
-    };
-    let mut tids = HashMap::new();
-    let mut claimed: HashMap<Uuid, OutboxEvent> = HashMap::with_capacity(rows.len());
-    for row in rows {
-        if let Some(event) = row.event {
-            if let Some(tid) = row.tid {
-                tids.insert(event.id, tid);
-            }
-            claimed.insert(event.id, event);
-        }
-    }
+    let mut taken = Taken::default();
+    taken.add(read_claim(client, &wal.claim_ids, &[&ids]).await?);
     let (missing, xids): (Vec<Uuid>, Vec<i64>) = candidates
         .iter()
-        .filter(|c| !claimed.contains_key(&c.id))
+        .filter(|c| !taken.claimed.contains_key(&c.id))
         .map(|c| (c.id, i64::from(c.xid)))
         .unzip();
     let mut states = HashMap::new();
@@ -326,8 +308,47 @@ async fn claim_in(
             states.insert(row.try_get::<_, Uuid>("id")?, state);
         }
     }
-    let grouping = group_candidates(candidates, &mut claimed, &states);
-    Ok((grouping, marked, tids))
+    // Each statement of the transaction takes its own snapshot: a streamed row whose transaction
+    // became visible between the claim and `row_states` looks pending there, as if held by another
+    // session. Claimed again now, it goes in this batch; only rows still not taken (held, or not
+    // eligible) hand their aggregates to the table.
+    let again: Vec<Uuid> = candidates
+        .iter()
+        .filter(|c| c.xid != 0 && states.get(&c.id) == Some(&RowState::Pending))
+        .map(|c| c.id)
+        .collect();
+    if !again.is_empty() {
+        taken.add(read_claim(client, &wal.claim_ids, &[&again]).await?);
+        states.retain(|id, _| !taken.claimed.contains_key(id));
+    }
+    // Locked only (`--wal-marking delete`): nothing to put back at the commit.
+    let marked = match wal.delete_published {
+        Some(_) => Vec::new(),
+        None => taken.claimed.keys().copied().collect(),
+    };
+    let grouping = group_candidates(candidates, &mut taken.claimed, &states);
+    Ok((grouping, marked, taken.tids))
+}
+
+/// Rows a claim by id took: their events, and where they are (see [`Claim`]'s `tids`).
+#[derive(Default)]
+struct Taken {
+    claimed: HashMap<Uuid, OutboxEvent>,
+    tids: HashMap<Uuid, String>,
+}
+
+impl Taken {
+    fn add(&mut self, rows: Vec<super::ClaimedRow>) {
+        self.claimed.reserve(rows.len());
+        for row in rows {
+            if let Some(event) = row.event {
+                if let Some(tid) = row.tid {
+                    self.tids.insert(event.id, tid);
+                }
+                self.claimed.insert(event.id, event);
+            }
+        }
+    }
 }
 
 /// What became of a candidate the claim did not take.

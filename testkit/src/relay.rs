@@ -86,10 +86,15 @@ impl RelayProcess {
     }
 
     /// Sends SIGTERM and returns the exit code; panics unless it exits within 15 s.
-    pub fn terminate(mut self) -> Option<i32> {
-        match proc::signal_and_wait(&mut self.child, Signal::SIGTERM, TERM_TIMEOUT, false) {
+    pub fn terminate(self) -> Option<i32> {
+        self.terminate_within(TERM_TIMEOUT)
+    }
+
+    /// Sends SIGTERM and returns the exit code; panics unless it exits within `limit`.
+    pub fn terminate_within(mut self, limit: Duration) -> Option<i32> {
+        match proc::signal_and_wait(&mut self.child, Signal::SIGTERM, limit, false) {
             Some(status) => status.code(),
-            None => panic!("relay did not exit within 15 s of SIGTERM"),
+            None => panic!("relay did not exit within {limit:?} of SIGTERM"),
         }
     }
 

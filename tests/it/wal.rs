@@ -285,6 +285,32 @@ async fn worker_connections_terminated_mid_stream_lose_and_reorder_nothing() {
     assert_eq!(relay.terminate(), Some(0));
 }
 
+/// SIGTERM while a backlog streams without a pause: the relay stops within seconds (the batch it
+/// published is recorded, the one it claimed goes back), and the next relay publishes the rest in
+/// order. It used to look at the signal only while nothing was in flight, so it stopped only once
+/// the stream paused.
+#[tokio::test]
+async fn sigterm_while_the_stream_flows_stops_the_relay_promptly() {
+    let _turn = testkit::heavy().await;
+    let env = Env::new().await;
+    env.wal_config().await; // the publication
+    let relay = cli_wal(&env, &[]);
+    streaming(&env).await;
+    env.insert_interleaved(1000, 100).await; // 100,000 events, one transaction
+    env.wait_stream_len(2000, Duration::from_secs(60)).await;
+    assert_eq!(relay.terminate_within(Duration::from_secs(5)), Some(0));
+    let left = env.count("processed_at IS NULL").await;
+    assert!(
+        left > 0,
+        "the backlog drained before the signal: nothing was tested"
+    );
+    let relay = cli_wal(&env, &[]);
+    drained(&env, Duration::from_secs(240)).await;
+    env.wait_stream_len(100_000, Duration::from_secs(30)).await;
+    assert_ledger(&env.written().await, &env.stored().await);
+    assert_eq!(relay.terminate(), Some(0));
+}
+
 #[tokio::test]
 async fn postgres_restarts_mid_stream() {
     let _turn = testkit::heavy().await;
