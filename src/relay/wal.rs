@@ -585,7 +585,8 @@ impl WalRelay<'_> {
         let claim = async {
             match claim_s {
                 Some(store) if !no_claim => {
-                    Some(claim_next(batch, deferred, store, claim_store).await)
+                    let limits = (self.config.batch_size, self.config.max_batch_bytes);
+                    Some(claim_next(batch, deferred, store, claim_store, limits).await)
                 }
                 _ => None,
             }
@@ -824,20 +825,18 @@ struct Step {
     failure: Option<Error>,
 }
 
-/// Claims what the batch holds (aggregates handed to the table left out) on `store`; on failure
-/// returns the candidates with the error, to be claimed again.
+/// Claims what the batch holds (aggregates handed to the table left out) on `store`, at most one
+/// batch's worth (`limits`: rows, bytes; the first row always): after a failure the batches that
+/// were in flight go back in front together. On failure returns the candidates with the error,
+/// to be claimed again.
 async fn claim_next(
     batch: &mut Batch,
     deferred: &Deferred,
     store: &mut Store,
     index: usize,
+    limits: (usize, usize),
 ) -> std::result::Result<Option<InFlight>, (Error, Vec<Candidate>)> {
-    let position = batch.confirmable();
-    let candidates: Vec<Candidate> = std::mem::take(&mut batch.candidates)
-        .into_iter()
-        .filter(|c| !deferred.keys.contains(&c.aggregate))
-        .collect();
-    batch.bytes = 0;
+    let (candidates, position) = batch.cut(&deferred.keys, limits);
     if candidates.is_empty() {
         // Only the position moves on (with the next batch that finishes).
         batch.last_commit = batch.last_commit.max(position);
@@ -922,6 +921,37 @@ impl Batch {
         self.candidates = candidates;
     }
 
+    /// Takes the candidates to claim now, aggregates handed to the table left out: at most
+    /// `limits` (rows, bytes; the first row always), with the position to confirm once they are
+    /// recorded (`None` while rows are left behind: the position goes with the last of them).
+    fn cut(
+        &mut self,
+        deferred: &BTreeSet<AggregateKey>,
+        (max_rows, max_bytes): (usize, usize),
+    ) -> (Vec<Candidate>, Option<u64>) {
+        let mut candidates: Vec<Candidate> = std::mem::take(&mut self.candidates)
+            .into_iter()
+            .filter(|c| !deferred.contains(&c.aggregate))
+            .collect();
+        let mut bytes = 0usize;
+        let fit = candidates
+            .iter()
+            .enumerate()
+            .take_while(|(i, c)| {
+                bytes = bytes.saturating_add(c.size);
+                *i == 0 || (*i < max_rows && bytes <= max_bytes)
+            })
+            .count();
+        self.candidates = candidates.split_off(fit);
+        self.bytes = self.candidates.iter().map(|c| c.size).sum();
+        let position = if self.candidates.is_empty() {
+            self.confirmable()
+        } else {
+            None
+        };
+        (candidates, position)
+    }
+
     /// Puts a batch that was not recorded back in front, with its position.
     fn requeue_done(&mut self, covered: Covered) {
         self.requeue(covered.candidates);
@@ -942,9 +972,9 @@ impl Batch {
     fn take(&mut self, change: Change) {
         match change {
             Change::Begin => self.in_tx = true,
-            Change::Insert { row, size } => {
+            Change::Insert(row) => {
+                self.bytes = self.bytes.saturating_add(row.size);
                 self.candidates.push(row);
-                self.bytes = self.bytes.saturating_add(size);
             }
             Change::Commit { end } => {
                 self.in_tx = false;
@@ -987,6 +1017,45 @@ mod tests {
         assert_eq!(d.next_round(5), [key("b"), key("c"), key("a")]);
         d.keys.clear();
         assert!(d.next_round(2).is_empty());
+    }
+
+    fn sized(aggregate: &str, size: usize) -> Candidate {
+        Candidate {
+            id: Uuid::new_v4(),
+            aggregate: key(aggregate),
+            xid: 1,
+            size,
+        }
+    }
+
+    #[test]
+    fn a_cut_takes_one_batch_at_most_and_its_position_goes_with_the_last_rows() {
+        let mut b = Batch::default();
+        for a in ["a", "b", "c", "d", "e"] {
+            b.take(Change::Insert(sized(a, 10)));
+        }
+        b.take(Change::Commit { end: 50 });
+        let none = BTreeSet::new();
+        // Three rows at most: two left behind, and the position waits for them.
+        let (first, position) = b.cut(&none, (3, 1000));
+        assert_eq!(first.len(), 3);
+        assert_eq!(position, None);
+        assert_eq!((b.candidates.len(), b.bytes), (2, 20));
+        let (rest, position) = b.cut(&none, (3, 1000));
+        assert_eq!(rest.len(), 2);
+        assert_eq!(position, Some(50));
+        // By bytes: 25 fit two rows of 10; a first row over the budget goes alone.
+        b.requeue(vec![sized("a", 10), sized("b", 10), sized("c", 10)]);
+        assert_eq!(b.cut(&none, (10, 25)).0.len(), 2);
+        b.requeue(vec![sized("a", 100), sized("b", 1)]);
+        assert_eq!(b.cut(&none, (10, 25)).0.len(), 1);
+        b.candidates.clear();
+        // Aggregates handed to the table are left out, not left behind.
+        b.requeue(vec![sized("a", 1), sized("x", 1), sized("b", 1)]);
+        let handed: BTreeSet<AggregateKey> = [key("x")].into_iter().collect();
+        let (taken, _) = b.cut(&handed, (10, 100));
+        assert_eq!(taken.len(), 2);
+        assert!(b.candidates.is_empty());
     }
 
     #[test]

@@ -135,6 +135,8 @@ pub(crate) struct Candidate {
     /// The (32-bit) id of the transaction that wrote the row, from the stream; 0 for rows read
     /// from the table.
     pub xid: u32,
+    /// The row's bytes as streamed (or measured in the table): what it weighs in a batch.
+    pub size: usize,
 }
 
 /// What a sweep of aggregates handed to the table found besides its claim.
@@ -238,6 +240,7 @@ impl Store {
                     id: row.id,
                     aggregate: key.clone(),
                     xid: 0,
+                    size: row.size,
                 });
                 taken += 1;
             }
@@ -590,6 +593,7 @@ mod tests {
             id: Uuid::new_v4(),
             aggregate: ("order".into(), aggregate.into()),
             xid: 0,
+            size: 0,
         }
     }
 

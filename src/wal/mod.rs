@@ -22,8 +22,8 @@ use pgoutput::{Message, Relation, Value};
 /// One fact from the stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Change {
-    /// A committed insert into the outbox; `size`: its bytes in the stream (the byte budget).
-    Insert { row: Candidate, size: usize },
+    /// A committed insert into the outbox (with its bytes in the stream: the byte budget).
+    Insert(Candidate),
     /// The transaction of the inserts before this one committed; `end`: the position after it.
     Commit { end: u64 },
     /// The server has sent everything up to `wal_end` (a keepalive).
@@ -149,10 +149,7 @@ impl Stream {
                                 false,
                             )
                         })?;
-                        Some(Change::Insert {
-                            row: candidate(columns, &values, self.xid)?,
-                            size,
-                        })
+                        Some(Change::Insert(candidate(columns, &values, self.xid, size)?))
                     }
                     Message::Other(_) => None,
                 }
@@ -184,7 +181,7 @@ fn columns(relation: &Relation) -> Result<Columns> {
 /// The row's id and aggregate from its text values. The id is a uuid column, so it always parses;
 /// the aggregate is taken as PostgreSQL sent it (lossily for bytes that are not UTF-8, which only a
 /// SQL_ASCII database holds: the same bytes always give the same key).
-fn candidate(columns: &Columns, values: &[Value], xid: u32) -> Result<Candidate> {
+fn candidate(columns: &Columns, values: &[Value], xid: u32, size: usize) -> Result<Candidate> {
     let text = |at: usize, name: &str| match values.get(at) {
         Some(Value::Text(bytes)) => Ok(String::from_utf8_lossy(bytes).into_owned()),
         Some(Value::Null) => Ok(String::new()),
@@ -200,7 +197,12 @@ fn candidate(columns: &Columns, values: &[Value], xid: u32) -> Result<Candidate>
         text(columns.aggregate_type, "aggregate_type")?,
         text(columns.aggregate_id, "aggregate_id")?,
     );
-    Ok(Candidate { id, aggregate, xid })
+    Ok(Candidate {
+        id,
+        aggregate,
+        xid,
+        size,
+    })
 }
 
 /// The replication connection's settings from a libpq connection string.
