@@ -200,131 +200,46 @@ pub enum DeadLettersCommand {
     },
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum OrderingArg {
-    Aggregate,
-    None,
-}
-
-impl From<Ordering> for OrderingArg {
-    fn from(o: Ordering) -> Self {
-        match o {
-            Ordering::Aggregate => OrderingArg::Aggregate,
-            Ordering::None => OrderingArg::None,
+/// A clap value enum for a library enum (the library knows nothing of clap), variant for variant,
+/// with the conversions both ways. The arg's variant names are the flag values (kebab-case).
+macro_rules! value_enum {
+    ($arg:ident <=> $lib:ident { $($a:ident = $l:ident),+ $(,)? }) => {
+        #[derive(Debug, Clone, Copy, ValueEnum)]
+        pub enum $arg {
+            $($a),+
         }
-    }
-}
 
-impl From<OrderingArg> for Ordering {
-    fn from(o: OrderingArg) -> Self {
-        match o {
-            OrderingArg::Aggregate => Ordering::Aggregate,
-            OrderingArg::None => Ordering::None,
+        impl From<$lib> for $arg {
+            fn from(v: $lib) -> Self {
+                match v {
+                    $($lib::$l => $arg::$a),+
+                }
+            }
         }
-    }
-}
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum HeaderFormatArg {
-    Outbox,
-    Cloudevents,
-    Both,
-}
-
-impl From<HeaderFormat> for HeaderFormatArg {
-    fn from(f: HeaderFormat) -> Self {
-        match f {
-            HeaderFormat::Outbox => HeaderFormatArg::Outbox,
-            HeaderFormat::CloudEvents => HeaderFormatArg::Cloudevents,
-            HeaderFormat::Both => HeaderFormatArg::Both,
+        impl From<$arg> for $lib {
+            fn from(v: $arg) -> Self {
+                match v {
+                    $($arg::$a => $lib::$l),+
+                }
+            }
         }
-    }
+    };
 }
 
-impl From<HeaderFormatArg> for HeaderFormat {
-    fn from(f: HeaderFormatArg) -> Self {
-        match f {
-            HeaderFormatArg::Outbox => HeaderFormat::Outbox,
-            HeaderFormatArg::Cloudevents => HeaderFormat::CloudEvents,
-            HeaderFormatArg::Both => HeaderFormat::Both,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum WalMarkingArg {
-    Delete,
-    Update,
-}
-
-impl From<WalMarking> for WalMarkingArg {
-    fn from(m: WalMarking) -> Self {
-        match m {
-            WalMarking::Delete => WalMarkingArg::Delete,
-            WalMarking::Update => WalMarkingArg::Update,
-        }
-    }
-}
-
-impl From<WalMarkingArg> for WalMarking {
-    fn from(m: WalMarkingArg) -> Self {
-        match m {
-            WalMarkingArg::Delete => WalMarking::Delete,
-            WalMarkingArg::Update => WalMarking::Update,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum SourceArg {
-    Notify,
-    Wal,
-}
-
-impl From<Source> for SourceArg {
-    fn from(s: Source) -> Self {
-        match s {
-            Source::Notify => SourceArg::Notify,
-            Source::Wal => SourceArg::Wal,
-        }
-    }
-}
-
-impl From<SourceArg> for Source {
-    fn from(s: SourceArg) -> Self {
-        match s {
-            SourceArg::Notify => Source::Notify,
-            SourceArg::Wal => Source::Wal,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum NotifyModeArg {
-    Gated,
-    Always,
-    Poll,
-}
-
-impl From<NotifyMode> for NotifyModeArg {
-    fn from(m: NotifyMode) -> Self {
-        match m {
-            NotifyMode::Gated => NotifyModeArg::Gated,
-            NotifyMode::Always => NotifyModeArg::Always,
-            NotifyMode::Poll => NotifyModeArg::Poll,
-        }
-    }
-}
-
-impl From<NotifyModeArg> for NotifyMode {
-    fn from(m: NotifyModeArg) -> Self {
-        match m {
-            NotifyModeArg::Gated => NotifyMode::Gated,
-            NotifyModeArg::Always => NotifyMode::Always,
-            NotifyModeArg::Poll => NotifyMode::Poll,
-        }
-    }
-}
+value_enum!(OrderingArg <=> Ordering { Aggregate = Aggregate, None = None });
+value_enum!(HeaderFormatArg <=> HeaderFormat {
+    Outbox = Outbox,
+    Cloudevents = CloudEvents,
+    Both = Both,
+});
+value_enum!(WalMarkingArg <=> WalMarking { Delete = Delete, Update = Update });
+value_enum!(SourceArg <=> Source { Notify = Notify, Wal = Wal });
+value_enum!(NotifyModeArg <=> NotifyMode {
+    Gated = Gated,
+    Always = Always,
+    Poll = Poll,
+});
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
