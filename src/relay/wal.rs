@@ -472,7 +472,7 @@ impl WalRelay<'_> {
                 }
                 finishing = Some(published.finishing);
             }
-            if let Some(unwind) = step.unwind {
+            if !step.unwind.is_empty() {
                 // Not recorded: what was in flight goes again, in stream order (requeued from
                 // the newest, each in front of the rest).
                 // The batch claimed after them: this step's claim, or the one held through a pause.
@@ -480,7 +480,7 @@ impl WalRelay<'_> {
                     self.stores[later.store].reset();
                     batch.requeue_done(later.covered);
                 }
-                for covered in unwind.into_iter().rev() {
+                for covered in step.unwind.into_iter().rev() {
                     batch.requeue_done(covered);
                 }
             }
@@ -593,7 +593,6 @@ impl WalRelay<'_> {
         };
         let (recorded, published, claimed) = tokio::join!(record, publish, claim);
         let mut step = Step::default();
-        let mut unwind = Vec::new();
         match claimed {
             Some(Ok(next)) => step.claimed = next,
             Some(Err((e, candidates))) => {
@@ -608,7 +607,7 @@ impl WalRelay<'_> {
                 true
             }
             (Some(Err(e)), Some(covered)) => {
-                unwind.push(covered);
+                step.unwind.push(covered);
                 step.failure = Some(e);
                 false
             }
@@ -636,12 +635,9 @@ impl WalRelay<'_> {
                 if let Err(e) = result {
                     step.failure.get_or_insert(e);
                 }
-                unwind.push(covered);
+                step.unwind.push(covered);
             }
             _ => {}
-        }
-        if !unwind.is_empty() {
-            step.unwind = Some(unwind);
         }
         step
     }
@@ -821,7 +817,7 @@ struct Step {
     published: Option<PublishedBatch>,
     claimed: Option<InFlight>,
     /// Batches not recorded (a failure on the way), oldest first: they go again.
-    unwind: Option<Vec<Covered>>,
+    unwind: Vec<Covered>,
     failure: Option<Error>,
 }
 

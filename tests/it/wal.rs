@@ -16,6 +16,14 @@ async fn drained(env: &Env, timeout: Duration) {
     .await;
 }
 
+/// Waits until `events` messages are in the stream and no row is pending, then checks the ledger:
+/// every event published once, in per-aggregate order.
+async fn all_out_in_order(env: &Env, events: u64, timeout: Duration) {
+    env.wait_stream_len(events, timeout).await;
+    drained(env, Duration::from_secs(30)).await;
+    assert_ledger(&env.written().await, &env.stored().await);
+}
+
 /// The slot's confirmed position, as text (`None`: no slot).
 async fn confirmed(env: &Env) -> Option<String> {
     env.client()
@@ -255,9 +263,7 @@ async fn relay_sigkilled_mid_stream_loses_and_reorders_nothing() {
         relay.kill();
     }
     let relay = cli_wal(&env, &["--batch-size", "200"]);
-    drained(&env, Duration::from_secs(60)).await;
-    env.wait_stream_len(4000, Duration::from_secs(30)).await;
-    assert_ledger(&env.written().await, &env.stored().await);
+    all_out_in_order(&env, 4000, Duration::from_secs(60)).await;
     assert_eq!(relay.terminate(), Some(0));
 }
 
@@ -279,9 +285,7 @@ async fn worker_connections_terminated_mid_stream_lose_and_reorder_nothing() {
         tokio::time::sleep(Duration::from_millis(100)).await; // spacing between fault injections
     }
     assert!(kills >= 5, "terminated only {kills} connections");
-    env.wait_stream_len(3000, Duration::from_secs(90)).await;
-    drained(&env, Duration::from_secs(30)).await;
-    assert_ledger(&env.written().await, &env.stored().await);
+    all_out_in_order(&env, 3000, Duration::from_secs(90)).await;
     assert_eq!(relay.terminate(), Some(0));
 }
 
@@ -305,9 +309,7 @@ async fn sigterm_while_the_stream_flows_stops_the_relay_promptly() {
         "the backlog drained before the signal: nothing was tested"
     );
     let relay = cli_wal(&env, &[]);
-    drained(&env, Duration::from_secs(240)).await;
-    env.wait_stream_len(100_000, Duration::from_secs(30)).await;
-    assert_ledger(&env.written().await, &env.stored().await);
+    all_out_in_order(&env, 100_000, Duration::from_secs(240)).await;
     assert_eq!(relay.terminate(), Some(0));
 }
 
@@ -323,9 +325,7 @@ async fn postgres_restarts_mid_stream() {
     pg.stop();
     pg.start_again();
     env.insert_interleaved(50, 2).await;
-    env.wait_stream_len(600, Duration::from_secs(90)).await;
-    drained(&env, Duration::from_secs(30)).await;
-    assert_ledger(&env.written().await, &env.stored().await);
+    all_out_in_order(&env, 600, Duration::from_secs(90)).await;
     assert_eq!(relay.terminate(), Some(0));
 }
 
