@@ -9,7 +9,7 @@ use crate::drain::{drain_variant, Drainer};
 use crate::env::*;
 use crate::idle_latency::idle_latency;
 use crate::report::*;
-use crate::writers::{writer_throughput, Trigger, WriterVariant};
+use crate::writers::{writer_run, writer_throughput, Trigger, WriterOutcome, WriterVariant};
 
 /// A writer-throughput variant of this scenario: the relay's source and the trigger.
 const fn writers(label: &'static str, trigger: Trigger, wal: bool) -> WriterVariant {
@@ -83,5 +83,84 @@ pub(crate) async fn scenario_wal(ctx: Arc<Ctx>) -> Vec<Row> {
         let limit = Duration::from_secs(secs + 120);
         rows.push(isolated(S, label, limit, fut).await);
     }
+    // Full speed is not "with the relay keeping up" when a relay falls behind (it then takes less
+    // CPU from the writers than one that keeps up): the highest throttled rate it keeps up with.
+    if ctx.pgbench.is_some() {
+        for variant in [TABLE_WRITERS, WAL_WRITERS, WAL_WRITERS_NO_TRIGGER] {
+            let label = format!("{}, 16 clients, highest rate kept up with", variant.label);
+            let fut = writer_capacity(ctx.clone(), variant, 16, secs);
+            let limit = Duration::from_secs((secs + 60) * (CAPACITY_PROBES + 1));
+            rows.push(isolated(S, label, limit, fut).await);
+        }
+    }
     rows
+}
+
+/// Throttled runs after the full-speed one, each halving the interval the capacity lies in.
+const CAPACITY_PROBES: u64 = 4;
+
+/// Whether the relay kept up with writers asked for `rate` per second (`None`: full speed): the
+/// writers got at least 95% of it, and what was left unpublished when they stopped is at most
+/// half a second of writes.
+fn kept_up(outcome: WriterOutcome, rate: Option<u64>) -> bool {
+    let asked = rate.map_or(outcome.tps, |r| r as f64);
+    outcome.tps >= 0.95 * asked && (outcome.left as f64) <= (asked * 0.5).max(200.0)
+}
+
+/// The highest writer throughput the variant's relay keeps up with: a full-speed run, then
+/// bisection over throttled rates (pgbench `-R`) between half and all of the full-speed rate.
+async fn writer_capacity(
+    ctx: Arc<Ctx>,
+    variant: WriterVariant,
+    clients: usize,
+    secs: u64,
+) -> Res<Row> {
+    let (mut row, full) = writer_run(ctx.clone(), variant, clients, secs, None).await?;
+    row.variant = format!("{}, highest rate kept up with", row.variant);
+    row.notes.clear();
+    let mut probes = vec![format!(
+        "full speed: {:.0} tps, {} left{}",
+        full.tps,
+        full.left,
+        if kept_up(full, None) {
+            " (kept up)"
+        } else {
+            ""
+        }
+    )];
+    let capacity = if kept_up(full, None) {
+        full.tps
+    } else {
+        // lo: assumed kept up with until a probe shows one; hi: not kept up with.
+        let (mut lo, mut hi) = (full.tps * 0.5, full.tps);
+        let mut lo_seen = false;
+        for _ in 0..CAPACITY_PROBES {
+            let rate = ((lo + hi) / 2.0).round() as u64;
+            let (_, out) = writer_run(ctx.clone(), variant, clients, secs, Some(rate)).await?;
+            let ok = kept_up(out, Some(rate));
+            probes.push(format!(
+                "-R {rate}: {:.0} tps, {} left{}",
+                out.tps,
+                out.left,
+                if ok { " (kept up)" } else { "" }
+            ));
+            if ok {
+                lo = rate as f64;
+                lo_seen = true;
+            } else {
+                hi = rate as f64;
+            }
+        }
+        if !lo_seen {
+            row.note(format!("not kept up with any probed rate: below {hi:.0}"));
+        }
+        lo
+    };
+    row.writer_tps = Some(capacity);
+    row.events = None;
+    row.note(format!(
+        "kept up = writers got >= 95% of the rate and <= 0.5 s of writes left unpublished when they stopped; {}",
+        probes.join(", ")
+    ));
+    Ok(row)
 }

@@ -117,20 +117,24 @@ pub(crate) async fn run_writers(url: &str, clients: usize, duration: Duration) -
     Ok((total, started.elapsed().as_secs_f64()))
 }
 
-/// `pgbench -n -f writer.sql -c N -j min(2,N) -T secs`: (transactions, tps).
+/// `pgbench -n -f writer.sql -c N -j min(2,N) -T secs [-R rate]`: (transactions, tps). With a
+/// rate, pgbench schedules that many transactions per second across all clients (throttled).
 pub(crate) async fn run_pgbench(
     pgbench: &Path,
     url: &str,
     clients: usize,
     secs: u64,
+    rate: Option<u64>,
 ) -> Res<(u64, f64)> {
     let mut cmd = Command::new(pgbench);
     cmd.args(["-n", "-f", WRITER_SCRIPT])
         .args(["-c", &clients.to_string()])
         .args(["-j", &clients.min(2).to_string()])
-        .args(["-T", &secs.to_string()])
-        .arg(url)
-        .stdin(Stdio::null());
+        .args(["-T", &secs.to_string()]);
+    if let Some(rate) = rate {
+        cmd.args(["-R", &rate.to_string()]);
+    }
+    cmd.arg(url).stdin(Stdio::null());
     let output = within(Duration::from_secs(secs + 60), "pgbench", async move {
         tokio::task::spawn_blocking(move || cmd.output())
             .await
@@ -171,6 +175,26 @@ pub(crate) async fn writer_throughput(
     clients: usize,
     secs: u64,
 ) -> Res<Row> {
+    Ok(writer_run(ctx, variant, clients, secs, None).await?.0)
+}
+
+/// What one writer run left behind, to tell whether the relay kept up.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WriterOutcome {
+    pub(crate) tps: f64,
+    /// Events not yet published when the writers stopped.
+    pub(crate) left: i64,
+}
+
+/// One writer run on a fresh database with the variant's trigger and relay: at full speed, or
+/// throttled to `rate` transactions per second (pgbench only).
+pub(crate) async fn writer_run(
+    ctx: Arc<Ctx>,
+    variant: WriterVariant,
+    clients: usize,
+    secs: u64,
+    rate: Option<u64>,
+) -> Res<(Row, WriterOutcome)> {
     const S: &str = "3 writer throughput";
     let mut row = Row::new(S, &format!("{}, {clients} clients", variant.label));
     let db = fresh_db(&ctx).await?;
@@ -215,7 +239,8 @@ pub(crate) async fn writer_throughput(
     }
 
     let (txns, tps) = match &ctx.pgbench {
-        Some(pgbench) => run_pgbench(pgbench, &db.url, clients, secs).await?,
+        Some(pgbench) => run_pgbench(pgbench, &db.url, clients, secs, rate).await?,
+        None if rate.is_some() => return Err("throttled writers need pgbench".into()),
         None => {
             let (n, s) = run_writers(&db.url, clients, Duration::from_secs(secs)).await?;
             row.note("tokio-postgres writers (pgbench not found)");
@@ -250,7 +275,7 @@ pub(crate) async fn writer_throughput(
     let db_url = db.url.clone();
     drop(db);
     drop_db(&ctx, &db_url).await;
-    Ok(row)
+    Ok((row, WriterOutcome { tps, left }))
 }
 
 pub(crate) async fn scenario_writers(ctx: Arc<Ctx>) -> Vec<Row> {
