@@ -279,7 +279,14 @@ impl WalRelay<'_> {
             deferred.sweep_in(Duration::ZERO);
         }
         let buffer = self.config.batch_size.saturating_mul(2);
-        let stream = Stream::start(self.url, &self.slot, &state.publication, buffer).await?;
+        let stream = Stream::start(
+            self.url,
+            state.server,
+            &self.slot,
+            &state.publication,
+            buffer,
+        )
+        .await?;
         tracing::info!(slot = %self.slot, publication = %state.publication, deferred_aggregates = deferred.keys.len(), "streaming from the replication slot");
         self.metrics.wal_streaming.set(1);
         self.health.set_listener(true);

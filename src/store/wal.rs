@@ -447,10 +447,20 @@ pub(crate) struct Control {
     woken: std::sync::Arc<tokio::sync::Notify>,
 }
 
+/// Where a server is, as a connection reached it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct ServerAddr {
+    /// `None`: a Unix socket.
+    pub ip: Option<std::net::IpAddr>,
+    pub port: Option<u16>,
+}
+
 /// What PostgreSQL says about the replication setup.
 #[derive(Debug, Clone)]
 pub(crate) struct WalState {
     pub wal_level: String,
+    /// The server the control connection reached: the leadership and the slot live there.
+    pub server: ServerAddr,
     pub publication: String,
     pub publication_exists: bool,
     pub slot: Option<SlotInfo>,
@@ -520,8 +530,14 @@ impl Control {
         let database: Option<String> = row.try_get("database")?;
         let current: String = row.try_get("current_database")?;
         let exists = plugin.is_some() || database.is_some();
+        let addr: Option<String> = row.try_get("server_addr")?;
+        let port: Option<i32> = row.try_get("server_port")?;
         Ok(WalState {
             wal_level: row.try_get("wal_level")?,
+            server: ServerAddr {
+                ip: addr.and_then(|a| a.parse().ok()),
+                port: port.and_then(|p| u16::try_from(p).ok()),
+            },
             publication: row.try_get("publication")?,
             publication_exists: row.try_get("publication_exists")?,
             slot: exists.then(|| SlotInfo {

@@ -12,10 +12,11 @@ use futures::FutureExt;
 use pgwire_replication::{
     Lsn, PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent, SslMode, TlsConfig,
 };
+use tokio_postgres::config::Host;
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
-use crate::store::wal::{AggregateKey, Candidate};
+use crate::store::wal::{AggregateKey, Candidate, ServerAddr};
 use crate::tls::{Mode, RootCert, TlsSettings};
 use pgoutput::{Message, Relation, Value};
 
@@ -51,13 +52,23 @@ pub(crate) struct Stream {
 impl Stream {
     /// Starts streaming `slot` (from its confirmed position) with `publication`. `url` is a
     /// libpq connection string (the same forms and TLS settings as every connection of the relay).
+    /// `server`: where the relay's control connection is (the stream must reach the same server).
     pub async fn start(
         url: &str,
+        server: ServerAddr,
         slot: &str,
         publication: &str,
         buffer_events: usize,
     ) -> Result<Stream> {
-        let config = replication_config(url, slot, publication, buffer_events)?;
+        let (config, tls) = crate::db::parse_with_tls(url, URL_FIELD)?;
+        let (host, port) = stream_host(&config, server).await;
+        let config = replication_config(
+            &config,
+            &tls,
+            (host, port),
+            (slot, publication),
+            buffer_events,
+        )?;
         let mut client = ReplicationClient::connect(config)
             .await
             .map_err(replication_error)?;
@@ -205,21 +216,83 @@ fn candidate(columns: &Columns, values: &[Value], xid: u32, size: usize) -> Resu
     })
 }
 
-/// The replication connection's settings from a libpq connection string.
+/// The flag whose URL the stream connects with.
+const URL_FIELD: &str = "listen_database_url";
+
+/// Which of the URL's hosts the stream connects to: the one that is `server`, where the control
+/// connection is. A multi-host URL's hosts are tried in order (with `target_session_attrs`), so
+/// the control connection may have reached a later one: the leadership and the slot live there,
+/// and the first host may be down or a standby. One host, or none found to be that server (a
+/// proxy or NAT between): the first.
+async fn stream_host(config: &tokio_postgres::Config, server: ServerAddr) -> (String, u16) {
+    let hosts = config.get_hosts();
+    let addrs = config.get_hostaddrs();
+    let ports = config.get_ports();
+    // libpq: one port applies to every host; otherwise one each.
+    let port_of = |i: usize| match ports {
+        [one] => *one,
+        _ => ports.get(i).copied().unwrap_or(5432),
+    };
+    let name_of = |i: usize| match hosts.get(i) {
+        Some(Host::Tcp(host)) => host.clone(),
+        #[cfg(unix)]
+        Some(Host::Unix(path)) => path.to_string_lossy().into_owned(),
+        None => addrs
+            .get(i)
+            .map_or_else(|| "localhost".to_string(), ToString::to_string),
+    };
+    let count = hosts.len().max(addrs.len());
+    if count < 2 {
+        return (name_of(0), port_of(0));
+    }
+    for i in 0..count.min(MAX_HOSTS) {
+        let port = port_of(i);
+        if server.port.is_some_and(|p| p != port) {
+            continue;
+        }
+        let reached = match (hosts.get(i), server.ip) {
+            #[cfg(unix)]
+            (Some(Host::Unix(_)), ip) => ip.is_none(),
+            (_, None) => false,
+            (host, Some(ip)) => match (addrs.get(i), host) {
+                (Some(addr), _) => addr.to_canonical() == ip.to_canonical(),
+                (None, Some(Host::Tcp(name))) => resolves_to(name, port, ip).await,
+                _ => false,
+            },
+        };
+        if reached {
+            return (name_of(i), port);
+        }
+    }
+    tracing::warn!(
+        server_addr = ?server.ip,
+        server_port = ?server.port,
+        "none of the URL's hosts is the server the control connection reached; streaming from the first"
+    );
+    (name_of(0), port_of(0))
+}
+
+/// Hosts of a URL looked at (each may take a name lookup).
+const MAX_HOSTS: usize = 16;
+
+/// Whether `name` resolves to `ip` (bounded: a lookup that hangs counts as no).
+async fn resolves_to(name: &str, port: u16, ip: std::net::IpAddr) -> bool {
+    let lookup = tokio::net::lookup_host((name, port));
+    match tokio::time::timeout(Duration::from_secs(5), lookup).await {
+        Ok(Ok(mut found)) => found.any(|a| a.ip().to_canonical() == ip.to_canonical()),
+        _ => false,
+    }
+}
+
+/// The replication connection's settings from the relay's parsed connection string, to `host`.
 fn replication_config(
-    url: &str,
-    slot: &str,
-    publication: &str,
+    config: &tokio_postgres::Config,
+    tls: &TlsSettings,
+    (host, port): (String, u16),
+    (slot, publication): (&str, &str),
     buffer_events: usize,
 ) -> Result<ReplicationConfig> {
-    let field = "listen_database_url";
-    let (config, tls) = crate::db::parse_with_tls(url, field)?;
-    let host = match config.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
-        Some(tokio_postgres::config::Host::Unix(path)) => path.to_string_lossy().into_owned(),
-        None => "localhost".into(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let field = URL_FIELD;
     let user = config
         .get_user()
         .ok_or_else(|| Error::config(field, "names no user"))?
@@ -231,7 +304,7 @@ fn replication_config(
     let database = config.get_dbname().unwrap_or(&user).to_string();
     let mut replication = ReplicationConfig::new(host, user, password, database, slot, publication)
         .with_port(port)
-        .with_tls(tls_config(&tls))
+        .with_tls(tls_config(tls))
         .with_application_name("outbox-relay-wal")
         // The confirmed position reaches the server within a second (the lag gauge, and the WAL
         // it can recycle); idle, a keepalive at least every 10 s.
@@ -284,4 +357,77 @@ fn replication_error(e: PgWireError) -> Error {
         crate::db::redact(&format!("replication connection: {e}")),
         retryable && !fatal,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn host_for(url: &str, ip: Option<&str>, port: Option<u16>) -> (String, u16) {
+        let config: tokio_postgres::Config = url.parse().expect("a connection string");
+        let server = ServerAddr {
+            ip: ip.map(|a| a.parse().expect("an address")),
+            port,
+        };
+        stream_host(&config, server).await
+    }
+
+    #[tokio::test]
+    async fn the_stream_goes_to_the_host_the_control_connection_reached() {
+        // (URL, the server's address and port as the control connection saw them, expected).
+        let cases: &[(&str, Option<&str>, Option<u16>, (&str, u16))] = &[
+            // The second host, by address and port.
+            (
+                "host=127.0.0.2,127.0.0.1 port=6001,6002 user=u",
+                Some("127.0.0.1"),
+                Some(6002),
+                ("127.0.0.1", 6002),
+            ),
+            // One port for every host; the address may come back IPv4-mapped.
+            (
+                "host=127.0.0.2,127.0.0.1 port=5432 user=u",
+                Some("::ffff:127.0.0.1"),
+                Some(5432),
+                ("127.0.0.1", 5432),
+            ),
+            // hostaddr decides, the name stays (TLS checks it).
+            (
+                "host=a.invalid,b.invalid hostaddr=10.1.1.1,127.0.0.1 port=5432 user=u",
+                Some("127.0.0.1"),
+                Some(5432),
+                ("b.invalid", 5432),
+            ),
+            // A Unix socket: no address.
+            (
+                "host=127.0.0.2,/run/postgresql port=5432 user=u",
+                None,
+                None,
+                ("/run/postgresql", 5432),
+            ),
+            // None of the hosts is the server (a proxy between): the first.
+            (
+                "host=127.0.0.2,127.0.0.3 port=5432 user=u",
+                Some("10.9.9.9"),
+                Some(5432),
+                ("127.0.0.2", 5432),
+            ),
+            // One host: as written, whatever the server says.
+            (
+                "postgres://u@db.example:6000/x",
+                Some("10.9.9.9"),
+                Some(5432),
+                ("db.example", 6000),
+            ),
+            (
+                "hostaddr=127.0.0.5 port=5433 user=u",
+                None,
+                None,
+                ("127.0.0.5", 5433),
+            ),
+        ];
+        for (url, ip, port, (host, expected_port)) in cases {
+            let reached = host_for(url, *ip, *port).await;
+            assert_eq!(reached, (host.to_string(), *expected_port), "{url}");
+        }
+    }
 }

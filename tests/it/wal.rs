@@ -386,6 +386,32 @@ async fn a_relay_standing_by_takes_over_when_the_streaming_one_dies() {
     assert_eq!(second.terminate(), Some(0));
 }
 
+/// A multi-host URL (libpq tries its hosts in order): the stream comes from the server the relay's
+/// control connection reached, where the leadership and the slot are, not from the URL's first
+/// host, which is down here.
+#[tokio::test]
+async fn a_multi_host_url_streams_from_the_server_the_relay_reached() {
+    let env = Env::new().await;
+    let mut config = env.wal_config().await;
+    let down = testkit::free_addr();
+    assert!(
+        config.database_url.contains("@127.0.0.1:"),
+        "{}",
+        config.database_url
+    );
+    config.database_url = config.database_url.replacen(
+        "@127.0.0.1:",
+        &format!("@127.0.0.1:{},127.0.0.1:", down.port()),
+        1,
+    );
+    let relay = env.spawn(config).await;
+    env.insert_sql(5, "before", "order.created").await;
+    streaming(&env).await;
+    env.insert_interleaved(20, 5).await;
+    all_out_in_order(&env, 105, Duration::from_secs(30)).await;
+    relay.stop().await;
+}
+
 #[tokio::test]
 async fn without_the_publication_the_relay_says_to_run_migrate_wal() {
     let env = Env::new().await;
