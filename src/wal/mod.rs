@@ -375,7 +375,13 @@ mod tests {
     #[tokio::test]
     async fn the_stream_goes_to_the_host_the_control_connection_reached() {
         // (URL, the server's address and port as the control connection saw them, expected).
-        let cases: &[(&str, Option<&str>, Option<u16>, (&str, u16))] = &[
+        type Case = (
+            &'static str,
+            Option<&'static str>,
+            Option<u16>,
+            (&'static str, u16),
+        );
+        let cases: &[Case] = &[
             // The second host, by address and port.
             (
                 "host=127.0.0.2,127.0.0.1 port=6001,6002 user=u",
