@@ -61,14 +61,8 @@ impl Stream {
         buffer_events: usize,
     ) -> Result<Stream> {
         let (config, tls) = crate::db::parse_with_tls(url, URL_FIELD)?;
-        let (host, port) = stream_host(&config, server).await;
-        let config = replication_config(
-            &config,
-            &tls,
-            (host, port),
-            (slot, publication),
-            buffer_events,
-        )?;
+        let target = stream_host(&config, server).await;
+        let config = replication_config(&config, &tls, target, (slot, publication), buffer_events)?;
         let mut client = ReplicationClient::connect(config)
             .await
             .map_err(replication_error)?;
@@ -224,7 +218,7 @@ const URL_FIELD: &str = "listen_database_url";
 /// the control connection may have reached a later one: the leadership and the slot live there,
 /// and the first host may be down or a standby. One host, or none found to be that server (a
 /// proxy or NAT between): the first.
-async fn stream_host(config: &tokio_postgres::Config, server: ServerAddr) -> (String, u16) {
+async fn stream_host(config: &tokio_postgres::Config, server: ServerAddr) -> Target {
     let hosts = config.get_hosts();
     let addrs = config.get_hostaddrs();
     let ports = config.get_ports();
@@ -233,17 +227,31 @@ async fn stream_host(config: &tokio_postgres::Config, server: ServerAddr) -> (St
         [one] => *one,
         _ => ports.get(i).copied().unwrap_or(5432),
     };
-    let name_of = |i: usize| match hosts.get(i) {
-        Some(Host::Tcp(host)) => host.clone(),
-        #[cfg(unix)]
-        Some(Host::Unix(path)) => path.to_string_lossy().into_owned(),
-        None => addrs
-            .get(i)
-            .map_or_else(|| "localhost".to_string(), ToString::to_string),
+    // libpq: `hostaddr` is where to connect (no name lookup); `host` then only names the server
+    // for TLS.
+    let target = |i: usize| {
+        let name = match hosts.get(i) {
+            Some(Host::Tcp(host)) => Some(host.clone()),
+            #[cfg(unix)]
+            Some(Host::Unix(path)) => Some(path.to_string_lossy().into_owned()),
+            None => None,
+        };
+        match addrs.get(i) {
+            Some(addr) => Target {
+                addr: addr.to_string(),
+                port: port_of(i),
+                tls_name: name,
+            },
+            None => Target {
+                addr: name.unwrap_or_else(|| "localhost".to_string()),
+                port: port_of(i),
+                tls_name: None,
+            },
+        }
     };
     let count = hosts.len().max(addrs.len());
     if count < 2 {
-        return (name_of(0), port_of(0));
+        return target(0);
     }
     for i in 0..count.min(MAX_HOSTS) {
         let port = port_of(i);
@@ -261,7 +269,7 @@ async fn stream_host(config: &tokio_postgres::Config, server: ServerAddr) -> (St
             },
         };
         if reached {
-            return (name_of(i), port);
+            return target(i);
         }
     }
     tracing::warn!(
@@ -269,7 +277,17 @@ async fn stream_host(config: &tokio_postgres::Config, server: ServerAddr) -> (St
         server_port = ?server.port,
         "none of the URL's hosts is the server the control connection reached; streaming from the first"
     );
-    (name_of(0), port_of(0))
+    target(0)
+}
+
+/// Where the stream connects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Target {
+    /// A host name, a socket directory, or the address `hostaddr` gave.
+    addr: String,
+    port: u16,
+    /// With `hostaddr`: the host's name, which TLS checks instead of the address.
+    tls_name: Option<String>,
 }
 
 /// Hosts of a URL looked at (each may take a name lookup).
@@ -284,11 +302,11 @@ async fn resolves_to(name: &str, port: u16, ip: std::net::IpAddr) -> bool {
     }
 }
 
-/// The replication connection's settings from the relay's parsed connection string, to `host`.
+/// The replication connection's settings from the relay's parsed connection string, to `target`.
 fn replication_config(
     config: &tokio_postgres::Config,
     tls: &TlsSettings,
-    (host, port): (String, u16),
+    target: Target,
     (slot, publication): (&str, &str),
     buffer_events: usize,
 ) -> Result<ReplicationConfig> {
@@ -302,15 +320,20 @@ fn replication_config(
         .map(|p| String::from_utf8_lossy(p).into_owned())
         .unwrap_or_default();
     let database = config.get_dbname().unwrap_or(&user).to_string();
-    let mut replication = ReplicationConfig::new(host, user, password, database, slot, publication)
-        .with_port(port)
-        .with_tls(tls_config(tls))
-        .with_application_name("outbox-relay-wal")
-        // The confirmed position reaches the server within a second (the lag gauge, and the WAL
-        // it can recycle); idle, a keepalive at least every 10 s.
-        .with_status_interval(Duration::from_secs(1))
-        .with_wakeup_interval(Duration::from_secs(10))
-        .with_buffer_size(buffer_events.max(16));
+    let mut tls = tls_config(tls);
+    if let Some(name) = target.tls_name {
+        tls = tls.with_sni_hostname(name);
+    }
+    let mut replication =
+        ReplicationConfig::new(target.addr, user, password, database, slot, publication)
+            .with_port(target.port)
+            .with_tls(tls)
+            .with_application_name("outbox-relay-wal")
+            // The confirmed position reaches the server within a second (the lag gauge, and the WAL
+            // it can recycle); idle, a keepalive at least every 10 s.
+            .with_status_interval(Duration::from_secs(1))
+            .with_wakeup_interval(Duration::from_secs(10))
+            .with_buffer_size(buffer_events.max(16));
     if let Some(options) = config.get_options() {
         replication = replication.with_options(options);
     }
@@ -363,7 +386,7 @@ fn replication_error(e: PgWireError) -> Error {
 mod tests {
     use super::*;
 
-    async fn host_for(url: &str, ip: Option<&str>, port: Option<u16>) -> (String, u16) {
+    async fn target_for(url: &str, ip: Option<&str>, port: Option<u16>) -> Target {
         let config: tokio_postgres::Config = url.parse().expect("a connection string");
         let server = ServerAddr {
             ip: ip.map(|a| a.parse().expect("an address")),
@@ -374,12 +397,13 @@ mod tests {
 
     #[tokio::test]
     async fn the_stream_goes_to_the_host_the_control_connection_reached() {
-        // (URL, the server's address and port as the control connection saw them, expected).
+        // (URL, the server's address and port as the control connection saw them; expected
+        // address to connect to, port, and the name TLS checks when it differs).
         type Case = (
             &'static str,
             Option<&'static str>,
             Option<u16>,
-            (&'static str, u16),
+            (&'static str, u16, Option<&'static str>),
         );
         let cases: &[Case] = &[
             // The second host, by address and port.
@@ -387,53 +411,63 @@ mod tests {
                 "host=127.0.0.2,127.0.0.1 port=6001,6002 user=u",
                 Some("127.0.0.1"),
                 Some(6002),
-                ("127.0.0.1", 6002),
+                ("127.0.0.1", 6002, None),
             ),
             // One port for every host; the address may come back IPv4-mapped.
             (
                 "host=127.0.0.2,127.0.0.1 port=5432 user=u",
                 Some("::ffff:127.0.0.1"),
                 Some(5432),
-                ("127.0.0.1", 5432),
+                ("127.0.0.1", 5432, None),
             ),
-            // hostaddr decides, the name stays (TLS checks it).
+            // hostaddr is where to connect (no lookup of the name); the name is what TLS checks.
             (
                 "host=a.invalid,b.invalid hostaddr=10.1.1.1,127.0.0.1 port=5432 user=u",
                 Some("127.0.0.1"),
                 Some(5432),
-                ("b.invalid", 5432),
+                ("127.0.0.1", 5432, Some("b.invalid")),
             ),
             // A Unix socket: no address.
             (
                 "host=127.0.0.2,/run/postgresql port=5432 user=u",
                 None,
                 None,
-                ("/run/postgresql", 5432),
+                ("/run/postgresql", 5432, None),
             ),
             // None of the hosts is the server (a proxy between): the first.
             (
                 "host=127.0.0.2,127.0.0.3 port=5432 user=u",
                 Some("10.9.9.9"),
                 Some(5432),
-                ("127.0.0.2", 5432),
+                ("127.0.0.2", 5432, None),
             ),
             // One host: as written, whatever the server says.
             (
                 "postgres://u@db.example:6000/x",
                 Some("10.9.9.9"),
                 Some(5432),
-                ("db.example", 6000),
+                ("db.example", 6000, None),
             ),
             (
                 "hostaddr=127.0.0.5 port=5433 user=u",
                 None,
                 None,
-                ("127.0.0.5", 5433),
+                ("127.0.0.5", 5433, None),
+            ),
+            (
+                "host=db.invalid hostaddr=127.0.0.5 port=5433 user=u",
+                None,
+                None,
+                ("127.0.0.5", 5433, Some("db.invalid")),
             ),
         ];
-        for (url, ip, port, (host, expected_port)) in cases {
-            let reached = host_for(url, *ip, *port).await;
-            assert_eq!(reached, (host.to_string(), *expected_port), "{url}");
+        for (url, ip, port, (addr, expected_port, tls_name)) in cases {
+            let expected = Target {
+                addr: addr.to_string(),
+                port: *expected_port,
+                tls_name: tls_name.map(str::to_string),
+            };
+            assert_eq!(target_for(url, *ip, *port).await, expected, "{url}");
         }
     }
 }

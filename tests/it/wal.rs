@@ -412,6 +412,24 @@ async fn a_multi_host_url_streams_from_the_server_the_relay_reached() {
     relay.stop().await;
 }
 
+/// `hostaddr` (libpq): connect to this address, without looking the host name up; the name only
+/// names the server (for TLS). Here the name resolves nowhere.
+#[tokio::test]
+async fn a_hostaddr_url_streams_from_that_address_without_resolving_the_name() {
+    let env = Env::new().await;
+    let mut config = env.wal_config().await;
+    let url = config
+        .database_url
+        .replacen("@127.0.0.1:", "@outbox-relay-test.invalid:", 1);
+    let joint = if url.contains('?') { '&' } else { '?' };
+    config.database_url = format!("{url}{joint}hostaddr=127.0.0.1");
+    let relay = env.spawn(config).await;
+    streaming(&env).await;
+    env.insert_interleaved(20, 5).await;
+    all_out_in_order(&env, 100, Duration::from_secs(30)).await;
+    relay.stop().await;
+}
+
 #[tokio::test]
 async fn without_the_publication_the_relay_says_to_run_migrate_wal() {
     let env = Env::new().await;
