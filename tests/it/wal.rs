@@ -386,25 +386,30 @@ async fn a_relay_standing_by_takes_over_when_the_streaming_one_dies() {
     assert_eq!(second.terminate(), Some(0));
 }
 
+/// [`Env::wal_config`] with the URL's host (`127.0.0.1`) replaced by `hosts`, and a parameter
+/// added.
+async fn wal_config_at(env: &Env, hosts: &str, param: Option<&str>) -> RelayConfig {
+    let mut config = env.wal_config().await;
+    let url = &config.database_url;
+    assert!(url.contains("@127.0.0.1:"), "{url}");
+    let mut url = url.replacen("@127.0.0.1:", &format!("@{hosts}:"), 1);
+    if let Some(param) = param {
+        url.push(if url.contains('?') { '&' } else { '?' });
+        url.push_str(param);
+    }
+    config.database_url = url;
+    config
+}
+
 /// A multi-host URL (libpq tries its hosts in order): the stream comes from the server the relay's
 /// control connection reached, where the leadership and the slot are, not from the URL's first
 /// host, which is down here.
 #[tokio::test]
 async fn a_multi_host_url_streams_from_the_server_the_relay_reached() {
     let env = Env::new().await;
-    let mut config = env.wal_config().await;
     let down = testkit::free_addr();
-    assert!(
-        config.database_url.contains("@127.0.0.1:"),
-        "{}",
-        config.database_url
-    );
-    config.database_url = config.database_url.replacen(
-        "@127.0.0.1:",
-        &format!("@127.0.0.1:{},127.0.0.1:", down.port()),
-        1,
-    );
-    let relay = env.spawn(config).await;
+    let hosts = format!("127.0.0.1:{},127.0.0.1", down.port());
+    let relay = env.spawn(wal_config_at(&env, &hosts, None).await).await;
     env.insert_sql(5, "before", "order.created").await;
     streaming(&env).await;
     env.insert_interleaved(20, 5).await;
@@ -417,12 +422,12 @@ async fn a_multi_host_url_streams_from_the_server_the_relay_reached() {
 #[tokio::test]
 async fn a_hostaddr_url_streams_from_that_address_without_resolving_the_name() {
     let env = Env::new().await;
-    let mut config = env.wal_config().await;
-    let url = config
-        .database_url
-        .replacen("@127.0.0.1:", "@outbox-relay-test.invalid:", 1);
-    let joint = if url.contains('?') { '&' } else { '?' };
-    config.database_url = format!("{url}{joint}hostaddr=127.0.0.1");
+    let config = wal_config_at(
+        &env,
+        "outbox-relay-test.invalid",
+        Some("hostaddr=127.0.0.1"),
+    )
+    .await;
     let relay = env.spawn(config).await;
     streaming(&env).await;
     env.insert_interleaved(20, 5).await;
