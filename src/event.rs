@@ -19,6 +19,9 @@ pub const MAX_AGGREGATE_LEN: usize = 255;
 /// larger than this ("header size exceeds maximum allowed of 64k"), whatever its limits.
 pub const MAX_HEADER_BLOCK_BYTES: usize = 65_535;
 
+/// `(aggregate_type, aggregate_id)`: the unit of ordering.
+pub(crate) type AggregateKey = (String, String);
+
 /// An event to write into the outbox inside the application's transaction.
 ///
 /// [`NewEvent::new`] takes any serializable payload; [`NewEvent::validate`] (also run by

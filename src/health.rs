@@ -71,6 +71,14 @@ impl Health {
         self.metrics.listener_connected.set(i64::from(up));
     }
 
+    /// `--source wal`: its own connections are up (streaming from the slot, or standing by with
+    /// the control connection). Reported where the table source reports its LISTEN connection
+    /// (`listener` in [`HealthReport`] and `/readyz`, `outbox_listener_connected`): one readiness
+    /// contract for both sources.
+    pub fn set_stream(&self, up: bool) {
+        self.set_listener(up);
+    }
+
     /// The start-up found the stream, on a client that is `connected` now.
     pub fn broker_checked(&self, connected: bool) {
         self.broker_checked.store(true, AtomicOrdering::Release);

@@ -62,6 +62,7 @@ mod policy;
 mod publisher;
 mod relay;
 mod signals;
+mod source;
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub mod sqlx;

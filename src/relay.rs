@@ -4,9 +4,8 @@
 //! - `processor`: the loop (drain, arm, wait, drain).
 //! - `batch`: one batch (claim, publish, settle under [`crate::policy`], record, commit).
 
-mod batch;
+pub(crate) mod batch;
 mod processor;
-mod wal;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -230,7 +229,7 @@ impl Relay {
         }
         let session = Session::new(config.schema.as_deref(), config.prepared_statements);
         let result = if wal {
-            let mut relay = wal::WalRelay {
+            let mut relay = crate::source::wal::WalSource {
                 config,
                 url: &self.settings.listen_url,
                 publisher,
@@ -270,8 +269,31 @@ impl Relay {
     }
 }
 
+/// After a failed batch (either source): connections that may be broken are dropped (the next
+/// claim reconnects); the broker's outage needs nothing but the pause.
+pub(crate) fn recover(stores: &mut [Store], e: &crate::error::Error) {
+    if e.is_broker_unavailable() {
+        return;
+    }
+    if e.is_prepared_statement_lost() {
+        // Behind a transaction pooler that keeps no prepared statements
+        // (--prepared-statements true by mistake): unnamed from now on.
+        tracing::warn!("prepared statements do not survive between transactions on this connection (a transaction pooler?): sending them unnamed; set --prepared-statements false");
+        stores.iter_mut().for_each(Store::stop_preparing);
+    } else {
+        stores.iter_mut().for_each(Store::reset);
+    }
+}
+
+/// The next pause of a trouble backoff (either source).
+pub(crate) fn next_delay(
+    backoff: &mut backoff::exponential::ExponentialBackoff<backoff::SystemClock>,
+) -> Duration {
+    backoff.next_backoff().unwrap_or(Duration::from_secs(10))
+}
+
 /// Sleeps `delay` unless shutdown comes first (then false).
-async fn pause(shutdown: &CancellationToken, delay: Duration) -> bool {
+pub(crate) async fn pause(shutdown: &CancellationToken, delay: Duration) -> bool {
     tokio::select! {
         _ = shutdown.cancelled() => false,
         _ = tokio::time::sleep(delay) => true,

@@ -682,9 +682,9 @@ impl OpenClaim {
         &mut self.groups
     }
 
-    /// Streamed rows of this claim not visible yet (see [`Claim::carry`]).
-    pub fn take_carry(&mut self) -> Vec<wal::Candidate> {
-        std::mem::take(&mut self.carry)
+    /// `--source wal`: the aggregates to hand to the table when the claim is recorded.
+    pub fn set_defer(&mut self, defer: Vec<wal::AggregateKey>) {
+        self.defer = defer;
     }
 }
 

@@ -245,6 +245,11 @@ pub(crate) async fn publish_claim(
 }
 
 impl Published {
+    /// The events acked.
+    pub fn acked(&self) -> &[Uuid] {
+        &self.published
+    }
+
     /// Records the outcome in the claim's transaction and commits.
     pub async fn finish(self, claim: Claim<'_>, metrics: &Metrics) -> Result<BatchReport> {
         let finish_started = Instant::now();

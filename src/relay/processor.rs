@@ -171,25 +171,11 @@ impl<'a> Processor<'a> {
     }
 
     fn trouble_delay(&mut self) -> Duration {
-        self.trouble
-            .next_backoff()
-            .unwrap_or(Duration::from_secs(10))
+        super::next_delay(&mut self.trouble)
     }
 
-    /// After a failed batch: connections that may be broken are dropped (the next claim
-    /// reconnects); the broker's outage needs nothing but the pause.
     fn recover(&mut self, e: &Error) {
-        if e.is_broker_unavailable() {
-            return;
-        }
-        if e.is_prepared_statement_lost() {
-            // Behind a transaction pooler that keeps no prepared statements
-            // (--prepared-statements true by mistake): unnamed from now on.
-            tracing::warn!("prepared statements do not survive between transactions on this connection (a transaction pooler?): sending them unnamed; set --prepared-statements false");
-            self.stores.iter_mut().for_each(Store::stop_preparing);
-        } else {
-            self.stores.iter_mut().for_each(Store::reset);
-        }
+        super::recover(&mut self.stores, e);
     }
 
     /// Waits for a notification, the fallback ticker or a row's retry time; `None` on shutdown.

@@ -8,13 +8,12 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Client;
 use uuid::Uuid;
 
-use super::{read_claim, ready, Claim, Statements, Stmt, Store};
+use super::{read_claim, ready, Claim, OpenClaim, Statements, Stmt, Store};
 use crate::config::WalMarking;
 use crate::error::{Error, Result};
 use crate::event::OutboxEvent;
 
-/// `(aggregate_type, aggregate_id)`: the unit of ordering.
-pub(crate) type AggregateKey = (String, String);
+pub(crate) use crate::event::AggregateKey;
 
 const CLAIM_IDS: &str = include_str!("../../sql/queries/claim_ids.sql");
 const LOCK_IDS: &str = include_str!("../../sql/queries/lock_ids.sql");
@@ -33,6 +32,9 @@ const LISTEN: &str = include_str!("../../sql/queries/wal_listen.sql");
 const SLOT_CREATED: &str = include_str!("../../sql/queries/slot_created.sql");
 const SLOT_CAUGHT_UP: &str = include_str!("../../sql/queries/slot_caught_up.sql");
 const SLOT_LAG: &str = include_str!("../../sql/queries/slot_lag.sql");
+const BACKEND_PID: &str = include_str!("../../sql/queries/backend_pid.sql");
+const WAITS_FOR: &str = include_str!("../../sql/queries/wal_waits_for.sql");
+const CANCEL_BACKEND: &str = include_str!("../../sql/queries/cancel_backend.sql");
 
 const UUIDS: &[Type] = &[Type::UUID_ARRAY];
 const TIDS_UUIDS: &[Type] = &[Type::TEXT_ARRAY, Type::UUID_ARRAY];
@@ -127,16 +129,15 @@ impl WalStatements {
     }
 }
 
-/// A row to claim by id: in the order to publish, with its aggregate.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Candidate {
-    pub id: Uuid,
-    pub aggregate: AggregateKey,
-    /// The (32-bit) id of the transaction that wrote the row, from the stream; 0 for rows read
-    /// from the table.
-    pub xid: u32,
-    /// The row's bytes as streamed (or measured in the table): what it weighs in a batch.
-    pub size: usize,
+pub(crate) use crate::source::wal::pipeline::Candidate;
+use crate::source::wal::pipeline::Found;
+
+/// A claim by id: the open claim (no groups yet), the events it took, and what was found of each
+/// candidate.
+pub(crate) struct ClaimedIds {
+    pub open: OpenClaim,
+    pub events: HashMap<Uuid, OutboxEvent>,
+    pub found: HashMap<Uuid, Found>,
 }
 
 /// What a sweep of aggregates handed to the table found besides its claim.
@@ -152,29 +153,44 @@ pub(crate) struct SweepInfo {
 }
 
 impl Store {
-    /// Opens a transaction and claims the pending, eligible rows among `candidates` (in the
-    /// order to publish), skipping rows another session holds. Each aggregate stops at its first
-    /// row that is still pending but was not claimed (held elsewhere, waiting for a retry,
-    /// dead-lettered): that aggregate goes to [`Claim::defer`], and its rows after that one are
-    /// put back at the commit. Rows published already (a replay) or deleted are skipped.
-    pub async fn claim_ids(&mut self, candidates: &[Candidate]) -> Result<Claim<'_>> {
+    /// Opens a transaction and claims the pending, eligible rows among `candidates`, skipping rows
+    /// another session holds. Returns the claim (no groups yet: the pipeline decides what goes
+    /// out), the events claimed, and what was found of each candidate.
+    pub async fn claim_ids(&mut self, candidates: &[Candidate]) -> Result<ClaimedIds> {
         let (client, statements) = ready!(self).await?;
         let wal = wal_statements(statements)?;
         self.in_tx = true;
         client.batch_execute(&self.session.begin).await?;
-        let (grouping, marked, tids) = claim_in(client, wal, candidates).await?;
-        Ok(Claim {
+        let (taken, states, marked) = claim_in(client, wal, candidates).await?;
+        let mut found: HashMap<Uuid, Found> = states
+            .into_iter()
+            .map(|(id, state)| {
+                let f = match state {
+                    RowState::Pending => Found::Pending,
+                    RowState::Done => Found::Done,
+                    RowState::NotVisible => Found::NotVisible,
+                };
+                (id, f)
+            })
+            .collect();
+        found.extend(taken.claimed.keys().map(|id| (*id, Found::Claimed)));
+        let claim = Claim {
             client,
             statements,
             in_tx: &mut self.in_tx,
             claimed: marked.len(),
-            groups: grouping.groups,
+            groups: Vec::new(),
             full: false,
             marked,
-            defer: grouping.defer,
+            defer: Vec::new(),
             undefer: Vec::new(),
-            carry: grouping.carry,
-            tids,
+            carry: Vec::new(),
+            tids: taken.tids,
+        };
+        Ok(ClaimedIds {
+            open: claim.into_open(),
+            events: taken.claimed,
+            found,
         })
     }
 
@@ -185,6 +201,7 @@ impl Store {
     pub async fn sweep(
         &mut self,
         aggregates: &[AggregateKey],
+        frozen: &HashSet<AggregateKey>,
         per_aggregate: usize,
         max_rows: usize,
         max_bytes: usize,
@@ -229,7 +246,14 @@ impl Store {
                 continue;
             };
             let mut taken = 0;
-            for row in rows.iter().take(per_aggregate) {
+            // Frozen: the stream holds a row of it that may come first; only taken back when the
+            // table has none.
+            let share = if frozen.contains(key) {
+                0
+            } else {
+                per_aggregate
+            };
+            for row in rows.iter().take(share) {
                 let over = candidates.len() >= max_rows
                     || (!candidates.is_empty() && bytes.saturating_add(row.size) > max_bytes);
                 if !row.eligible || over {
@@ -248,7 +272,9 @@ impl Store {
                 info.complete.push(key.clone());
             }
         }
-        let (grouping, marked, tids) = claim_in(client, wal, &candidates).await?;
+        let (mut taken, states, marked) = claim_in(client, wal, &candidates).await?;
+        let grouping = group_candidates(&candidates, &mut taken.claimed, &states);
+        let tids = taken.tids;
         let claim = Claim {
             client,
             statements,
@@ -287,9 +313,9 @@ async fn claim_in(
     client: &Client,
     wal: &WalStatements,
     candidates: &[Candidate],
-) -> Result<(Grouping, Vec<Uuid>, HashMap<Uuid, String>)> {
+) -> Result<(Taken, HashMap<Uuid, RowState>, Vec<Uuid>)> {
     if candidates.is_empty() {
-        return Ok((Grouping::default(), Vec::new(), HashMap::new()));
+        return Ok((Taken::default(), HashMap::new(), Vec::new()));
     }
     let ids: Vec<Uuid> = candidates.iter().map(|c| c.id).collect();
     let mut taken = Taken::default();
@@ -329,8 +355,7 @@ async fn claim_in(
         Some(_) => Vec::new(),
         None => taken.claimed.keys().copied().collect(),
     };
-    let grouping = group_candidates(candidates, &mut taken.claimed, &states);
-    Ok((grouping, marked, taken.tids))
+    Ok((taken, states, marked))
 }
 
 /// Rows a claim by id took: their events, and where they are (see [`Claim`]'s `tids`).
@@ -442,6 +467,8 @@ impl Stmt {
 /// leadership.
 pub(crate) struct Control {
     client: Client,
+    /// Its server process: a statement it waits in is cancelled from [`Aside`].
+    pid: i32,
     /// Notified on this outbox's NOTIFY channel: `dead-letters retry` (and a stopping relay of the
     /// table source) send one when rows become publishable again.
     woken: std::sync::Arc<tokio::sync::Notify>,
@@ -499,7 +526,13 @@ impl Control {
             }
         });
         client.batch_execute(LISTEN).await?;
-        Ok(Control { client, woken })
+        let pid = client.query_typed_one(BACKEND_PID, &[]).await?.try_get(0)?;
+        Ok(Control { client, pid, woken })
+    }
+
+    /// The control connection's server process.
+    pub fn pid(&self) -> i32 {
+        self.pid
     }
 
     /// Waits for a notification on this outbox's channel.
@@ -587,6 +620,41 @@ impl Control {
         rows.iter()
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
             .collect()
+    }
+}
+
+/// A short connection beside the control connection while that one waits in a statement: what
+/// the wait is for, and cancelling it.
+pub(crate) struct Aside {
+    client: Client,
+}
+
+impl Aside {
+    pub async fn connect(url: &str) -> Result<Aside> {
+        let (client, connection) =
+            crate::db::connect_raw(url, "listen_database_url", "outbox-relay-wal").await?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(Aside { client })
+    }
+
+    /// What creating a slot on `pid` waits for: open transactions and prepared ones, oldest
+    /// first, described for the log.
+    pub async fn slot_waits_for(&self, pid: i32) -> Result<Vec<String>> {
+        let rows = self
+            .client
+            .query_typed(WAITS_FOR, &[(&pid, Type::INT4)])
+            .await?;
+        rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
+    }
+
+    /// Cancels the statement `pid` runs.
+    pub async fn cancel(&self, pid: i32) -> Result<()> {
+        self.client
+            .query_typed(CANCEL_BACKEND, &[(&pid, Type::INT4)])
+            .await?;
+        Ok(())
     }
 }
 

@@ -20,18 +20,7 @@ use crate::store::wal::{AggregateKey, Candidate, ServerAddr};
 use crate::tls::{Mode, RootCert, TlsSettings};
 use pgoutput::{Message, Relation, Value};
 
-/// One fact from the stream.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Change {
-    /// A committed insert into the outbox (with its bytes in the stream: the byte budget).
-    Insert(Candidate),
-    /// The transaction of the inserts before this one committed; `end`: the position after it.
-    Commit { end: u64 },
-    /// The server has sent everything up to `wal_end` (a keepalive).
-    Idle { wal_end: u64 },
-    /// A transaction begins.
-    Begin,
-}
+pub(crate) use crate::source::wal::pipeline::Change;
 
 /// Where `id`, `aggregate_type` and `aggregate_id` are in a relation's tuples.
 #[derive(Debug, Clone, Copy)]

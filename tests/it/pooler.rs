@@ -124,6 +124,46 @@ impl Pooled {
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 
+    /// `outbox-relay run --schema ... --metrics-addr off` plus `args`, with `database_url` (the
+    /// pooler's, possibly with parameters) and LISTEN on a direct connection; stderr is the
+    /// caller's to set.
+    fn relay_command(
+        &self,
+        nats: &testkit::NatsServer,
+        database_url: &str,
+        args: &[&str],
+    ) -> Command {
+        let mut cmd = testkit::relay_command();
+        cmd.args(["run", "--schema", SCHEMA, "--metrics-addr", "off"])
+            .args(args)
+            .env("DATABASE_URL", database_url)
+            .env("OUTBOX_LISTEN_DATABASE_URL", &self.direct)
+            .env("NATS_URL", nats.url())
+            .env_remove("OUTBOX_SCHEMA")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        cmd
+    }
+
+    /// `per` events for each of `aggregates` (`agg-N`), round-robin, each in a transaction of its
+    /// own through the pooler, by the writer API (the application's own transactions).
+    async fn write(&self, aggregates: std::ops::Range<usize>, per: usize) {
+        let mut client = pg_client(&self.pooled).await;
+        for n in 0..per {
+            for a in aggregates.clone() {
+                let tx = client.transaction().await.expect("tx");
+                tx.batch_execute(&format!("SET LOCAL search_path TO {SCHEMA}"))
+                    .await
+                    .expect("search_path");
+                enqueue(&tx, &event(&format!("agg-{a}"), n))
+                    .await
+                    .expect("enqueue");
+                tx.commit().await.expect("commit");
+            }
+        }
+    }
+
     async fn direct_count(&self, where_clause: &str) -> i64 {
         let client = pg_client(&self.direct).await;
         let v = simple_value(
@@ -459,50 +499,26 @@ async fn two_relays_through_pgbouncer_with_a_schema() {
 
     // A backlog written through the pooler by the writer API (the application's own transactions).
     let writer = async |aggregates: std::ops::Range<usize>, per: usize| {
-        let mut client = pg_client(&p.pooled).await;
-        for n in 0..per {
-            for a in aggregates.clone() {
-                let tx = client.transaction().await.expect("tx");
-                tx.batch_execute(&format!("SET LOCAL search_path TO {SCHEMA}"))
-                    .await
-                    .expect("search_path");
-                enqueue(&tx, &event(&format!("agg-{a}"), n))
-                    .await
-                    .expect("enqueue");
-                tx.commit().await.expect("commit");
-            }
-        }
+        p.write(aggregates, per).await;
     };
     writer(0..20, 10).await;
 
     // One relay as documented (`--prepared-statements false`), one left at the default: it finds
     // its prepared statements gone on the next server connection and falls back to unnamed ones.
     let relay = |name: &str, prepared: &str| {
-        let mut cmd = testkit::relay_command();
-        cmd.args([
-            "run",
-            "--schema",
-            SCHEMA,
-            "--prepared-statements",
-            prepared,
-            "--batch-size",
-            "50",
-            "--fallback-interval",
-            "60s",
-            "--metrics-addr",
-            "off",
-        ])
-        .env(
-            "DATABASE_URL",
-            format!("{}?application_name={name}", p.pooled),
-        )
-        .env("OUTBOX_LISTEN_DATABASE_URL", &p.direct)
-        .env("NATS_URL", nats.url())
-        .env_remove("OUTBOX_SCHEMA")
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
+        let mut cmd = p.relay_command(
+            &nats,
+            &format!("{}?application_name={name}", p.pooled),
+            &[
+                "--prepared-statements",
+                prepared,
+                "--batch-size",
+                "50",
+                "--fallback-interval",
+                "60s",
+            ],
+        );
+        cmd.stderr(Stdio::inherit());
         testkit::outbox::CliRelay::from_command(cmd)
     };
     let relays = [relay("relay-a", "false"), relay("relay-b", "true")];
@@ -522,4 +538,100 @@ async fn two_relays_through_pgbouncer_with_a_schema() {
     p.assert_no_session_state("two relays drained through the pooler", 3)
         .await;
     drop(relays);
+}
+
+/// `--source wal` behind PgBouncer in transaction mode: the worker connections go through the
+/// pooler (`--database-url`), the control and replication connections direct
+/// (`--listen-database-url`). Left at `--prepared-statements true` by mistake, the relay finds its
+/// statements gone on the next server connection and falls back to unnamed ones, as the table
+/// source does (it used to reconnect and fail the same way again, forever).
+#[tokio::test]
+async fn the_wal_source_through_pgbouncer_falls_back_to_unnamed_statements() {
+    use testkit::outbox::{assert_ledger, ledger, Stored, Written};
+    let p = Pooled::new().await;
+    p.cli_ok(&["migrate", "--wal"]).await;
+    let nats = testkit::NatsServer::start();
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.expect("nats"));
+    testkit::outbox::create_stream(&js).await;
+    let slot = format!(
+        "{}_pooled",
+        p.direct.rsplit('/').next().expect("a database name")
+    );
+    let log = std::env::temp_dir().join(format!(
+        "outbox-relay-test-{}-wal-pooled.log",
+        std::process::id()
+    ));
+    let mut cmd = p.relay_command(
+        &nats,
+        &p.pooled,
+        &[
+            "--source",
+            "wal",
+            "--slot-name",
+            &slot,
+            "--prepared-statements",
+            "true",
+        ],
+    );
+    cmd.stderr(std::fs::File::create(&log).expect("log file"));
+    let relay = testkit::RelayProcess::spawn("outbox-relay", cmd, Some(log.clone()))
+        .expect("spawn outbox-relay");
+    let direct = pg_client(&p.direct).await;
+    testkit::wait_until("the relay streams from its slot", T, || async {
+        direct
+            .query_one(
+                "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1 AND active)",
+                &[&slot],
+            )
+            .await
+            .expect("slot query")
+            .get(0)
+    })
+    .await;
+    // Published rows leave the outbox (`--wal-marking delete`): a trigger keeps each written
+    // row's key for the ledger.
+    p.direct_sql(
+        "CREATE TABLE written_ledger (id uuid PRIMARY KEY, seq bigint, aggregate_type text, aggregate_id text);
+         CREATE FUNCTION written_ledger_keep() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             INSERT INTO written_ledger VALUES (NEW.id, NEW.seq, NEW.aggregate_type, NEW.aggregate_id);
+             RETURN NULL;
+         END $$;
+         CREATE TRIGGER written_ledger_keep AFTER INSERT ON outbox_events
+             FOR EACH ROW EXECUTE FUNCTION written_ledger_keep();",
+    )
+    .await;
+    // Events in many transactions through the pooler: the relay's worker connections meet
+    // both server connections.
+    p.write(0..10, 10).await;
+    testkit::wait_until("everything relayed", T, || async {
+        p.direct_count("true").await == 0
+    })
+    .await;
+    let written: Vec<Written> = ledger(&direct, &format!("{SCHEMA}.written_ledger")).await;
+    assert_eq!(written.len(), 100);
+    let stored: Vec<Stored> = testkit::outbox::read_stream(&js, "OUTBOX").await;
+    assert_ledger(&written, &stored);
+    let mut relay = relay;
+    assert_eq!(relay.check_alive(), Ok(()));
+    assert_eq!(relay.terminate(), Some(0));
+    // One fallback, then no statement is lost again (the line after the fallback's reports the
+    // failure that led to it).
+    let text = std::fs::read_to_string(&log).expect("relay log");
+    let lines: Vec<&str> = text.lines().collect();
+    let fallback = lines
+        .iter()
+        .position(|l| l.contains("sending them unnamed"))
+        .unwrap_or_else(|| panic!("no fallback to unnamed statements in the log:\n{text}"));
+    assert!(
+        !lines
+            .iter()
+            .skip(fallback + 2)
+            .any(|l| l.contains("prepared statement \"")),
+        "statements lost after the fallback:\n{text}"
+    );
+    direct
+        .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+        .await
+        .expect("drop the test's slot");
 }

@@ -46,7 +46,7 @@ fn cli_wal(env: &Env, extra: &[&str]) -> CliRelay {
 }
 
 /// Waits until a relay streams from the test's slot (past creating it and catching up).
-async fn streaming(env: &Env) {
+pub(crate) async fn streaming(env: &Env) {
     let client = env.client().await;
     wait_until(
         "a relay streams from the slot",
@@ -169,6 +169,16 @@ async fn published_seqs(env: &Env) -> Vec<i64> {
 /// releases them in order.
 #[tokio::test]
 async fn a_poison_row_is_dead_lettered_and_blocks_only_its_own_aggregate() {
+    // An event is in the stream once acked; its row leaves the outbox when its batch is recorded,
+    // a moment later.
+    async fn others_recorded(env: &Env) {
+        wait_until(
+            "the other aggregates' rows recorded",
+            Duration::from_secs(10),
+            || async { env.count("aggregate_id <> 'p'").await == 0 },
+        )
+        .await;
+    }
     let env = Env::new().await;
     let relay = env.spawn(env.wal_config().await).await;
     env.insert_sql(1, "p", "order.created").await;
@@ -177,6 +187,7 @@ async fn a_poison_row_is_dead_lettered_and_blocks_only_its_own_aggregate() {
     env.insert_sql(3, "ok", "order.created").await;
     env.wait_dead_letters(1, Duration::from_secs(30)).await;
     env.wait_stream_len(4, Duration::from_secs(30)).await;
+    others_recorded(&env).await;
     assert_eq!(
         env.count("processed_at IS NULL AND dead_lettered_at IS NULL")
             .await,
@@ -186,6 +197,7 @@ async fn a_poison_row_is_dead_lettered_and_blocks_only_its_own_aggregate() {
     env.insert_sql(2, "ok2", "order.created").await;
     env.insert_sql(1, "p", "order.after").await;
     env.wait_stream_len(6, Duration::from_secs(30)).await;
+    others_recorded(&env).await;
     assert_eq!(
         env.count("processed_at IS NULL AND dead_lettered_at IS NULL")
             .await,

@@ -1,0 +1,315 @@
+//! Lead or stand by; check the setup and the slot (creating it, and catching up from the table
+//! behind a new one); start the stream and hand it to the driver. Every wait here races shutdown.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{Stop, WalSource};
+use crate::error::{Error, Result};
+use crate::relay::batch::process_batch;
+use crate::relay::pause;
+use crate::store::wal::{Aside, Control};
+use crate::wal::Stream;
+
+/// How often a relay standing by asks for the leadership.
+const STANDBY_POLL: Duration = Duration::from_secs(1);
+
+/// While the slot's creation waits: the first word on what it waits for, then how often again.
+const SLOT_WAIT_FIRST_LOG: Duration = Duration::from_secs(1);
+const SLOT_WAIT_LOG_EVERY: Duration = Duration::from_secs(10);
+
+impl WalSource<'_> {
+    /// Runs until `shutdown`: leads when no other relay does, stands by otherwise.
+    pub async fn run(&mut self, shutdown: &CancellationToken) -> Result<()> {
+        let mut standing_by = false;
+        loop {
+            if shutdown.is_cancelled() {
+                return Ok(());
+            }
+            let connected = tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                c = Control::connect(self.url) => c,
+            };
+            let stop = match connected {
+                Ok(control) => match self
+                    .lead_when_free(&control, &mut standing_by, shutdown)
+                    .await
+                {
+                    Ok(()) => return Ok(()),
+                    Err(stop) => stop,
+                },
+                Err(e) => Stop::from(e),
+            };
+            self.metrics.wal_streaming.set(0);
+            match stop {
+                Stop::Fatal(e) => return Err(e),
+                Stop::Retry(e) => {
+                    self.health.set_stream(false);
+                    let delay = self.trouble_delay();
+                    tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "replication stopped; retrying");
+                    if !pause(shutdown, delay).await {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    async fn lead_when_free(
+        &mut self,
+        control: &Control,
+        standing_by: &mut bool,
+        shutdown: &CancellationToken,
+    ) -> std::result::Result<(), Stop> {
+        while !control.try_lead(&self.slot).await? {
+            if !*standing_by {
+                tracing::info!(slot = %self.slot, "another relay streams from the replication slot; standing by");
+                *standing_by = true;
+            }
+            self.health.set_stream(true);
+            if !pause(shutdown, STANDBY_POLL).await {
+                return Ok(());
+            }
+        }
+        if *standing_by {
+            tracing::info!(slot = %self.slot, "took over the replication slot");
+            *standing_by = false;
+        }
+        self.lead(control, shutdown).await
+    }
+
+    /// Holds the leadership: checks the setup and the slot, catches up from the table behind a
+    /// new slot, then streams until shutdown (`Ok`) or trouble.
+    async fn lead(
+        &mut self,
+        control: &Control,
+        shutdown: &CancellationToken,
+    ) -> std::result::Result<(), Stop> {
+        let state = control.state(&self.slot).await.map_err(|e| {
+            let code = e.as_db_error().and_then(|d| d.code()).map(|c| c.code());
+            if matches!(code, Some("42883" | "42P01")) {
+                // outbox_wal_publication() or outbox_wal_slots is missing: the schema predates
+                // version 5 (undefined_function, undefined_table).
+                Stop::Fatal(Error::schema_missing(
+                    None,
+                    crate::migrate::WAL_REQUIRED_VERSION,
+                ))
+            } else {
+                Stop::from(e)
+            }
+        })?;
+        self.health.set_database(true);
+        if state.wal_level != "logical" {
+            return Err(Stop::Fatal(Error::replication(
+                format!(
+                    "--source wal needs wal_level = logical; the server has {} (set it in postgresql.conf and restart PostgreSQL)",
+                    state.wal_level
+                ),
+                false,
+            )));
+        }
+        if !state.publication_exists {
+            return Err(Stop::Fatal(Error::replication(
+                format!(
+                    "publication {} does not exist: run `outbox-relay migrate --wal`",
+                    state.publication
+                ),
+                false,
+            )));
+        }
+        let mut created = false;
+        match &state.slot {
+            None => {
+                if !self.create_slot(control, shutdown).await? {
+                    return Ok(());
+                }
+                tracing::info!(slot = %self.slot, "created the replication slot; catching up from the table first");
+                created = true;
+            }
+            Some(slot) => {
+                if let Some(other) = &slot.other_database {
+                    return Err(Stop::Fatal(Error::config(
+                        "slot_name",
+                        format!("replication slot {} belongs to database {other}: choose another --slot-name", self.slot),
+                    )));
+                }
+                if slot.plugin.as_deref() != Some("pgoutput") {
+                    return Err(Stop::Fatal(Error::config(
+                        "slot_name",
+                        format!(
+                            "replication slot {} is not a logical slot of pgoutput (plugin {:?}): choose another --slot-name",
+                            self.slot, slot.plugin
+                        ),
+                    )));
+                }
+                if !slot.caught_up {
+                    tracing::info!(slot = %self.slot, "the catch-up from the table behind this slot never finished; catching up first");
+                    created = true;
+                }
+                if slot.wal_status.as_deref() == Some("lost") {
+                    tracing::error!(
+                        slot = %self.slot,
+                        "the replication slot was invalidated (it kept more WAL than max_slot_wal_keep_size allows); dropping it, creating it again and catching up from the table: no event is lost, those written meanwhile go out in seq order"
+                    );
+                    control.drop_slot(&self.slot).await?;
+                    if !self.create_slot(control, shutdown).await? {
+                        return Ok(());
+                    }
+                    created = true;
+                } else if let Some(pid) = slot.active_pid {
+                    return Err(Stop::Retry(Error::replication(
+                        format!("replication slot {} is in use by server process {pid} (a relay that just stopped?)", self.slot),
+                        true,
+                    )));
+                }
+            }
+        }
+        if created {
+            if !self.catch_up(control, shutdown).await? {
+                return Ok(());
+            }
+            control.caught_up(&self.slot).await?;
+        }
+        let held = control.deferred(created).await?;
+        let buffer = self.config.batch_size.saturating_mul(2);
+        let start = Stream::start(
+            self.url,
+            state.server,
+            &self.slot,
+            &state.publication,
+            buffer,
+        );
+        let Some(stream) = until_shutdown(shutdown, start).await else {
+            tracing::info!(slot = %self.slot, "stopped while the replication stream was starting");
+            return Ok(());
+        };
+        let stream = stream?;
+        tracing::info!(slot = %self.slot, publication = %state.publication, deferred_aggregates = held.len(), "streaming from the replication slot");
+        self.metrics.wal_streaming.set(1);
+        self.health.set_stream(true);
+        let result = self.stream(control, stream, held, shutdown).await;
+        // A batch claimed but not published when the stream stopped (an error, a lost leadership)
+        // must not keep its rows locked through the pause: its connection goes, the rows are
+        // pending again for whoever streams next.
+        self.stores.iter_mut().for_each(crate::store::Store::reset);
+        result
+    }
+
+    /// Creates the slot. Creating a logical slot waits until every transaction holding an xid
+    /// when it began has ended (a forgotten prepared transaction: for ever): meanwhile the relay
+    /// says what it waits for, and a shutdown cancels the creation. `false`: shutdown.
+    async fn create_slot(
+        &mut self,
+        control: &Control,
+        shutdown: &CancellationToken,
+    ) -> std::result::Result<bool, Stop> {
+        let create = control.create_slot(&self.slot);
+        tokio::pin!(create);
+        let mut log_at = tokio::time::Instant::now() + SLOT_WAIT_FIRST_LOG;
+        loop {
+            tokio::select! {
+                created = &mut create => {
+                    created?;
+                    return Ok(true);
+                }
+                _ = shutdown.cancelled() => {
+                    tracing::info!(slot = %self.slot, "stopped while creating the replication slot (it waited for open transactions); cancelling the creation");
+                    match Aside::connect(self.url).await {
+                        Ok(aside) => {
+                            if let Err(e) = aside.cancel(control.pid()).await {
+                                tracing::warn!(error = %e, "cancelling the slot's creation failed");
+                            }
+                        }
+                        Err(e) => tracing::warn!(error = %e, "cancelling the slot's creation failed"),
+                    }
+                    return Ok(false);
+                }
+                _ = tokio::time::sleep_until(log_at) => {
+                    log_at += SLOT_WAIT_LOG_EVERY;
+                    self.log_slot_waits(control.pid()).await;
+                }
+            }
+        }
+    }
+
+    /// Says what the slot's creation waits for (best effort: a failure is logged, not fatal).
+    async fn log_slot_waits(&self, pid: i32) {
+        let holders = match Aside::connect(self.url).await {
+            Ok(aside) => aside.slot_waits_for(pid).await,
+            Err(e) => Err(e),
+        };
+        match holders {
+            Ok(holders) => tracing::warn!(
+                slot = %self.slot,
+                waiting_for = %holders.join("; "),
+                "creating the replication slot waits for open transactions to end (PostgreSQL needs a consistent start)"
+            ),
+            Err(e) => tracing::warn!(
+                slot = %self.slot,
+                error = %e,
+                "creating the replication slot waits for open transactions to end"
+            ),
+        }
+    }
+
+    /// Behind a new slot: publishes from the table what committed before it (as the table source
+    /// does, in seq order), until a claim is not full. Rows committed after the slot's start come
+    /// again in the stream, and the claim by id skips those published here. `false`: shutdown.
+    async fn catch_up(
+        &mut self,
+        control: &Control,
+        shutdown: &CancellationToken,
+    ) -> std::result::Result<bool, Stop> {
+        let mut published = 0;
+        loop {
+            if shutdown.is_cancelled() {
+                return Ok(false);
+            }
+            let result = process_batch(
+                self.config,
+                &self.publisher,
+                self.metrics,
+                &mut self.stores[0],
+            )
+            .await;
+            let failed = match result {
+                Ok(report) if report.broker_failures == 0 && !report.full => {
+                    published += report.published;
+                    tracing::info!(published, "caught up from the table");
+                    return Ok(true);
+                }
+                Ok(report) => {
+                    published += report.published;
+                    report.broker_failures > 0
+                }
+                Err(e) => {
+                    if control.is_closed() {
+                        return Err(Stop::Retry(e));
+                    }
+                    self.recover(&e);
+                    tracing::warn!(error = %e, "catching up from the table failed; backing off");
+                    true
+                }
+            };
+            if failed {
+                let delay = self.trouble_delay();
+                if !pause(shutdown, delay).await {
+                    return Ok(false);
+                }
+            }
+        }
+    }
+}
+
+/// `work`, unless shutdown comes first (`None`; the work is dropped).
+pub(super) async fn until_shutdown<T>(
+    shutdown: &CancellationToken,
+    work: impl Future<Output = T>,
+) -> Option<T> {
+    tokio::select! {
+        _ = shutdown.cancelled() => None,
+        out = work => Some(out),
+    }
+}

@@ -1,0 +1,75 @@
+//! `--source wal`: committed inserts of the outbox from a logical replication slot, in commit
+//! order.
+//!
+//! - `leader`: lead or stand by (an advisory lock on the control connection), check the setup and
+//!   the slot (creating it, and catching up from the table behind a new one), start the stream.
+//! - `driver`: the pipelined batches (one recorded while the next publishes and the one after is
+//!   claimed), performing what `pipeline` decides.
+//! - `pipeline`: the pure state machine of streamed rows, batches in flight, the aggregates the
+//!   table holds and the position the slot may confirm.
+//! - `sweep`: publishes the events of aggregates the table holds, in seq order, and takes them
+//!   back once none is pending.
+
+mod driver;
+mod leader;
+pub(crate) mod pipeline;
+mod sweep;
+
+use std::time::Duration;
+
+use backoff::exponential::ExponentialBackoff;
+use backoff::SystemClock;
+
+use crate::config::RelayConfig;
+use crate::error::Error;
+use crate::health::Health;
+use crate::metrics::Metrics;
+use crate::publisher::Publisher;
+use crate::store::Store;
+
+/// Why leading stopped (shutdown returns `Ok`).
+enum Stop {
+    /// Setup that waiting cannot heal (wal_level, the publication, the slot's plugin): exit.
+    Fatal(Error),
+    /// Connections, the slot in use, a lost stream: reconnect after a pause.
+    Retry(Error),
+}
+
+impl From<Error> for Stop {
+    fn from(e: Error) -> Self {
+        if e.is_retryable() || e.heals_by_waiting() {
+            Stop::Retry(e)
+        } else {
+            Stop::Fatal(e)
+        }
+    }
+}
+
+/// The wal source of one relay.
+pub(crate) struct WalSource<'a> {
+    pub config: &'a RelayConfig,
+    /// The control and replication connections' URL (direct, never pooled; the schema in the
+    /// session).
+    pub url: &'a str,
+    pub publisher: Publisher,
+    pub metrics: &'a Metrics,
+    pub health: &'a Health,
+    /// Three worker connections: one records a batch while the next publishes and the one after
+    /// is claimed.
+    pub stores: [Store; 3],
+    pub slot: String,
+    pub trouble: ExponentialBackoff<SystemClock>,
+}
+
+impl WalSource<'_> {
+    /// The next pause after trouble (exponential, capped).
+    fn trouble_delay(&mut self) -> Duration {
+        crate::relay::next_delay(&mut self.trouble)
+    }
+
+    /// After a failed batch or sweep: connections that may be broken are dropped, statements
+    /// lost to a pooler are sent unnamed from now on.
+    fn recover(&mut self, e: &Error) {
+        crate::relay::recover(&mut self.stores, e);
+    }
+}

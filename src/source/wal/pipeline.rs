@@ -1,0 +1,505 @@
+//! The wal source's pipeline as a pure state machine: what the stream has sent, which rows are in
+//! which batch, which aggregates the table holds, and how far the slot may confirm. The async
+//! driver (`driver`) performs what it decides (claim, publish, record, sweep, confirm) and feeds
+//! the results back; nothing here does I/O.
+//!
+//! A streamed row leaves the pipeline only when it is *resolved*:
+//! - published (acked, and its batch recorded), or gone already (published before, or deleted);
+//! - or with the table: its aggregate is handed to the table in a recorded transaction and the row
+//!   is known to be visible there (a claim locked it), so the table's sweep will find it.
+//!
+//! A row whose transaction is not visible yet (a commit streams a moment before it becomes
+//! visible; behind a synchronous standby a whole round trip) is never dropped: it is *carried*
+//! and claimed again, whatever happens to its aggregate meanwhile. The slot's position moves past
+//! a commit only once every row before it is resolved.
+//!
+//! Per aggregate, rows go out in stream (commit) order: a row is published only when every
+//! earlier row of its aggregate was published; a row behind one that is carried is carried too;
+//! a row behind one that went to the table goes to the table.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+
+use uuid::Uuid;
+
+use crate::event::AggregateKey;
+
+/// A streamed row to claim by id, with its aggregate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Candidate {
+    pub id: Uuid,
+    pub aggregate: AggregateKey,
+    /// The (32-bit) id of the transaction that wrote the row, from the stream; 0 for rows read
+    /// from the table.
+    pub xid: u32,
+    /// The row's bytes as streamed (or measured in the table): what it weighs in a batch.
+    pub size: usize,
+}
+
+/// One fact from the replication stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Change {
+    /// A transaction begins.
+    Begin,
+    /// A committed insert into the outbox (its transaction's commit follows).
+    Insert(Candidate),
+    /// The transaction of the inserts before this one committed; `end`: the position after it.
+    Commit { end: u64 },
+    /// The server has sent everything up to `wal_end` (a keepalive).
+    Idle { wal_end: u64 },
+}
+
+/// What a claim by id found of one candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Found {
+    /// Claimed (locked): visible and publishable now.
+    Claimed,
+    /// Its transaction is not visible yet: claim it again shortly.
+    NotVisible,
+    /// Published already (a replay), or deleted.
+    Done,
+    /// Pending but not claimed: held by another session, waiting for a retry, dead-lettered.
+    /// Its aggregate goes to the table.
+    Pending,
+}
+
+/// A batch's number (increasing: batches are published and recorded in this order).
+pub(crate) type BatchId = u64;
+
+/// Rows to claim as one batch.
+#[derive(Debug)]
+pub(crate) struct Cut {
+    pub batch: BatchId,
+    pub rows: Vec<Candidate>,
+}
+
+/// A sweep of aggregates the table holds.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Round {
+    pub aggregates: Vec<AggregateKey>,
+    /// Of those, aggregates with a streamed row not resolved yet: none of their rows may be
+    /// published by the sweep (that row may be older and not visible), but they may be taken back
+    /// when the table holds no pending row of them.
+    pub frozen: HashSet<AggregateKey>,
+}
+
+/// What becomes of a row in a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    /// Claimed: to publish (unless left out when its batch publishes).
+    Publish,
+    /// Acked.
+    Published,
+    /// Its aggregate is with the table, and the row is visible there.
+    Table,
+    Done,
+    /// Back to the queue when the batch ends.
+    Carry,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Claiming,
+    Claimed,
+    Published,
+}
+
+#[derive(Debug)]
+struct Flight {
+    id: BatchId,
+    stage: Stage,
+    /// The rows' indexes, in stream order.
+    rows: Vec<u64>,
+    fate: HashMap<u64, Fate>,
+    /// Aggregates this batch hands to the table when it is recorded.
+    handed: BTreeSet<AggregateKey>,
+}
+
+#[derive(Debug)]
+struct Tracked {
+    row: Candidate,
+    /// In a batch in flight.
+    batch: Option<BatchId>,
+    /// Came back from a batch not visible yet (claimed again after a short pause).
+    carried: bool,
+}
+
+/// The pipeline's state (see the module doc).
+#[derive(Debug, Default)]
+pub(crate) struct Pipeline {
+    /// Unresolved streamed rows by their stream index.
+    rows: BTreeMap<u64, Tracked>,
+    next_index: u64,
+    /// Commits streamed and not confirmed yet: (index of the first row after it, end position).
+    commits: VecDeque<(u64, u64)>,
+    in_tx: bool,
+    /// A keepalive's position, confirmed once nothing is held.
+    idle: Option<u64>,
+    confirmed: u64,
+    /// Aggregates the table holds (recorded in `outbox_wal_deferred`).
+    held: BTreeSet<AggregateKey>,
+    /// Where the last sweep round stopped.
+    cursor: Option<AggregateKey>,
+    /// Batches in flight, oldest first.
+    flights: VecDeque<Flight>,
+    next_batch: BatchId,
+    /// Rows and bytes waiting for a batch.
+    queued: (usize, usize),
+}
+
+impl Pipeline {
+    /// Starts with the aggregates the table holds.
+    pub fn new(held: impl IntoIterator<Item = AggregateKey>) -> Pipeline {
+        Pipeline {
+            held: held.into_iter().collect(),
+            ..Pipeline::default()
+        }
+    }
+
+    /// A change from the stream.
+    pub fn stream(&mut self, change: Change) {
+        match change {
+            Change::Begin => self.in_tx = true,
+            Change::Insert(row) => {
+                self.queued.0 += 1;
+                self.queued.1 = self.queued.1.saturating_add(row.size);
+                self.rows.insert(
+                    self.next_index,
+                    Tracked {
+                        row,
+                        batch: None,
+                        carried: false,
+                    },
+                );
+                self.next_index += 1;
+            }
+            Change::Commit { end } => {
+                self.in_tx = false;
+                self.commits.push_back((self.next_index, end));
+            }
+            Change::Idle { wal_end } => {
+                if !self.in_tx {
+                    self.idle = Some(self.idle.map_or(wal_end, |i| i.max(wal_end)));
+                }
+            }
+        }
+    }
+
+    /// Rows and bytes streamed and not in a batch yet (the stream's buffer).
+    pub fn queued(&self) -> (usize, usize) {
+        self.queued
+    }
+
+    /// Rows wait for a batch, and some were not carried (claim now, no pause needed).
+    pub fn has_fresh(&self) -> bool {
+        self.rows.values().any(|t| t.batch.is_none() && !t.carried)
+    }
+
+    /// Batches in flight.
+    #[cfg(test)]
+    pub fn in_flight(&self) -> usize {
+        self.flights.len()
+    }
+
+    /// `batch` is in flight (not recorded, not failed).
+    pub fn is_in_flight(&self, batch: BatchId) -> bool {
+        self.flight_index(batch).is_some()
+    }
+
+    /// Aggregates the table holds.
+    pub fn held(&self) -> &BTreeSet<AggregateKey> {
+        &self.held
+    }
+
+    /// Takes the rows waiting for a batch, in stream order: at most `max_rows` and `max_bytes`
+    /// (the first row always).
+    pub fn cut(&mut self, max_rows: usize, max_bytes: usize) -> Option<Cut> {
+        let id = self.next_batch;
+        let mut taken = Vec::new();
+        let mut bytes = 0usize;
+        for (&index, t) in self.rows.iter_mut() {
+            if t.batch.is_some() {
+                continue;
+            }
+            let size = t.row.size;
+            if !taken.is_empty()
+                && (taken.len() >= max_rows || bytes.saturating_add(size) > max_bytes)
+            {
+                break;
+            }
+            bytes = bytes.saturating_add(size);
+            t.batch = Some(id);
+            t.carried = false;
+            taken.push(index);
+        }
+        if taken.is_empty() {
+            return None;
+        }
+        self.next_batch += 1;
+        self.queued.0 -= taken.len();
+        self.queued.1 = self.queued.1.saturating_sub(bytes);
+        let rows = taken.iter().map(|i| self.rows[i].row.clone()).collect();
+        self.flights.push_back(Flight {
+            id,
+            stage: Stage::Claiming,
+            rows: taken,
+            fate: HashMap::new(),
+            handed: BTreeSet::new(),
+        });
+        Some(Cut { batch: id, rows })
+    }
+
+    /// The claim of `batch` found `found` (a candidate missing there: not visible). Decides each
+    /// row's fate inside the batch; the batches before it are settled when it publishes.
+    pub fn claimed(&mut self, batch: BatchId, found: &HashMap<Uuid, Found>) {
+        let Some(at) = self.flight_index(batch) else {
+            return;
+        };
+        let held = &self.held;
+        let rows = &self.rows;
+        let flight = &mut self.flights[at];
+        // Per aggregate: after a row not visible, the rest is carried; after one pending, or when
+        // the table holds the aggregate, the rest goes to the table (if visible).
+        let mut carrying: HashSet<&AggregateKey> = HashSet::new();
+        let mut to_table: HashSet<&AggregateKey> = HashSet::new();
+        for index in &flight.rows {
+            let row = &rows[index].row;
+            let key = &row.aggregate;
+            let state = found.get(&row.id).copied().unwrap_or(Found::NotVisible);
+            let fate = if state == Found::Done {
+                Fate::Done
+            } else if carrying.contains(key) || state == Found::NotVisible {
+                carrying.insert(key);
+                Fate::Carry
+            } else if to_table.contains(key) || held.contains(key) || state == Found::Pending {
+                to_table.insert(key);
+                flight.handed.insert(key.clone());
+                Fate::Table
+            } else {
+                Fate::Publish
+            };
+            flight.fate.insert(*index, fate);
+        }
+        flight.stage = Stage::Claimed;
+    }
+
+    /// `batch` publishes now (every batch before it is settled): the rows to publish, grouped by
+    /// aggregate in stream order. Rows behind an earlier row of their aggregate that is carried
+    /// are carried; behind one that went to the table (or with the table holding the aggregate),
+    /// they go to the table.
+    pub fn publish(&mut self, batch: BatchId) -> Vec<Vec<Uuid>> {
+        let Some(at) = self.flight_index(batch) else {
+            return Vec::new();
+        };
+        // Fates of the rows in the batches before this one.
+        let mut earlier: HashMap<u64, Fate> = HashMap::new();
+        let mut handed: HashSet<&AggregateKey> = self.held.iter().collect();
+        for f in self.flights.iter().take(at) {
+            earlier.extend(f.fate.iter().map(|(i, fate)| (*i, *fate)));
+            handed.extend(f.handed.iter());
+        }
+        // Per aggregate, the first row outside this batch that is neither published nor gone:
+        // a row of this batch behind it may not go out now.
+        let mut carried_from: HashMap<&AggregateKey, u64> = HashMap::new();
+        for (index, t) in &self.rows {
+            if t.batch == Some(batch) {
+                continue;
+            }
+            let blocks = match t.batch.and_then(|_| earlier.get(index)) {
+                Some(Fate::Published | Fate::Done) => false,
+                // With the table: its aggregate is handed over (`handed`).
+                Some(Fate::Table) => false,
+                // Waiting, carried, in a later batch, or not settled.
+                _ => true,
+            };
+            if blocks {
+                carried_from.entry(&t.row.aggregate).or_insert(*index);
+            }
+        }
+        let carried_from: HashMap<AggregateKey, u64> = carried_from
+            .into_iter()
+            .map(|(k, i)| (k.clone(), i))
+            .collect();
+        let handed: HashSet<AggregateKey> = handed.into_iter().cloned().collect();
+        let rows = &self.rows;
+        let flight = &mut self.flights[at];
+        let mut groups: Vec<Vec<Uuid>> = Vec::new();
+        let mut group_of: HashMap<AggregateKey, usize> = HashMap::new();
+        for index in &flight.rows {
+            let row = &rows[index].row;
+            let Some(fate) = flight.fate.get_mut(index) else {
+                continue;
+            };
+            if *fate != Fate::Publish {
+                continue;
+            }
+            if carried_from
+                .get(&row.aggregate)
+                .is_some_and(|first| first < index)
+            {
+                *fate = Fate::Carry;
+            } else if handed.contains(&row.aggregate) {
+                *fate = Fate::Table;
+                flight.handed.insert(row.aggregate.clone());
+            } else {
+                match group_of.get(&row.aggregate) {
+                    Some(&g) => groups[g].push(row.id),
+                    None => {
+                        group_of.insert(row.aggregate.clone(), groups.len());
+                        groups.push(vec![row.id]);
+                    }
+                }
+            }
+        }
+        flight.stage = Stage::Published;
+        groups
+    }
+
+    /// The outcome of `batch`'s publish: `published` were acked; the others of its groups were
+    /// not (failed, or held back behind a failure): their aggregates go to the table. Returns the
+    /// aggregates the batch hands to the table (to record with it).
+    pub fn settled(&mut self, batch: BatchId, published: &HashSet<Uuid>) -> Vec<AggregateKey> {
+        let Some(at) = self.flight_index(batch) else {
+            return Vec::new();
+        };
+        let rows = &self.rows;
+        let flight = &mut self.flights[at];
+        for index in &flight.rows {
+            let row = &rows[index].row;
+            if let Some(fate) = flight.fate.get_mut(index) {
+                if *fate == Fate::Publish {
+                    if published.contains(&row.id) {
+                        *fate = Fate::Published;
+                    } else {
+                        *fate = Fate::Table;
+                        flight.handed.insert(row.aggregate.clone());
+                    }
+                }
+            }
+        }
+        let held = &self.held;
+        flight
+            .handed
+            .iter()
+            .filter(|k| !held.contains(*k))
+            .cloned()
+            .collect()
+    }
+
+    /// `batch` (the oldest in flight) is recorded and committed: its rows are resolved or back in
+    /// the queue (carried), the aggregates it handed over are with the table.
+    pub fn recorded(&mut self, batch: BatchId) {
+        if self.flights.front().map(|f| f.id) != Some(batch) {
+            return;
+        }
+        let Some(flight) = self.flights.pop_front() else {
+            return;
+        };
+        for index in &flight.rows {
+            match flight.fate.get(index) {
+                Some(Fate::Published | Fate::Table | Fate::Done) => {
+                    self.rows.remove(index);
+                }
+                _ => self.requeue(*index, true),
+            }
+        }
+        self.held.extend(flight.handed);
+    }
+
+    /// `batch` failed (its claim, publish or record): it and every batch after it go again (their
+    /// rows back in the queue, in stream order; nothing they decided stands).
+    pub fn failed(&mut self, batch: BatchId) {
+        let Some(at) = self.flight_index(batch) else {
+            return;
+        };
+        for flight in self.flights.split_off(at) {
+            for index in flight.rows {
+                self.requeue(index, false);
+            }
+        }
+    }
+
+    /// Up to `n` aggregates the table holds, going round; `None` when it holds none.
+    pub fn sweep_round(&mut self, n: usize) -> Option<Round> {
+        use std::ops::Bound;
+        if self.held.is_empty() {
+            return None;
+        }
+        let after = match &self.cursor {
+            Some(c) => Bound::Excluded(c.clone()),
+            None => Bound::Unbounded,
+        };
+        let mut aggregates: Vec<AggregateKey> = self
+            .held
+            .range((after, Bound::Unbounded))
+            .take(n)
+            .cloned()
+            .collect();
+        if aggregates.len() < n {
+            let more: Vec<AggregateKey> = self
+                .held
+                .iter()
+                .filter(|k| !aggregates.contains(k))
+                .take(n - aggregates.len())
+                .cloned()
+                .collect();
+            aggregates.extend(more);
+        }
+        self.cursor = aggregates.last().cloned();
+        let pending: HashSet<&AggregateKey> =
+            self.rows.values().map(|t| &t.row.aggregate).collect();
+        let frozen = aggregates
+            .iter()
+            .filter(|k| pending.contains(k))
+            .cloned()
+            .collect();
+        Some(Round { aggregates, frozen })
+    }
+
+    /// A sweep's transaction took these aggregates back (the table has no pending row of them).
+    pub fn taken_back(&mut self, aggregates: &[AggregateKey]) {
+        for key in aggregates {
+            self.held.remove(key);
+        }
+    }
+
+    /// The position the slot may confirm now, if it moved on since the last one: the end of the
+    /// last commit before every unresolved row, or, with nothing unresolved and no transaction
+    /// open, the last keepalive's position.
+    pub fn confirm(&mut self) -> Option<u64> {
+        let first_unresolved = self.rows.keys().next().copied().unwrap_or(self.next_index);
+        let mut position = None;
+        while let Some(&(boundary, end)) = self.commits.front() {
+            if boundary > first_unresolved {
+                break;
+            }
+            position = Some(end);
+            self.commits.pop_front();
+        }
+        if self.rows.is_empty() && !self.in_tx && self.commits.is_empty() {
+            position = position.max(self.idle.take());
+        }
+        match position {
+            Some(p) if p > self.confirmed => {
+                self.confirmed = p;
+                Some(p)
+            }
+            _ => None,
+        }
+    }
+
+    fn flight_index(&self, batch: BatchId) -> Option<usize> {
+        self.flights.iter().position(|f| f.id == batch)
+    }
+
+    fn requeue(&mut self, index: u64, carried: bool) {
+        if let Some(t) = self.rows.get_mut(&index) {
+            t.batch = None;
+            t.carried = carried;
+            self.queued.0 += 1;
+            self.queued.1 = self.queued.1.saturating_add(t.row.size);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

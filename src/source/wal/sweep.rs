@@ -1,0 +1,106 @@
+//! The sweep of the aggregates the table holds: their pending events go out from the table in
+//! seq order (as the table source publishes them), and an aggregate with no pending event left
+//! goes back to the stream, in the same transaction.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use backoff::backoff::Backoff;
+
+use super::pipeline::Pipeline;
+use super::WalSource;
+use crate::event::AggregateKey;
+use crate::relay::batch::run_claim;
+
+/// Aggregates held by the table looked at per sweep.
+const SWEEP_AGGREGATES: usize = 100;
+
+impl WalSource<'_> {
+    /// Sweeps a round of the aggregates the table holds: publishes what may go now and takes back
+    /// those left with nothing pending. Errors are logged; the sweep comes again. Returns when
+    /// the next sweep is due (`None`: the table holds no aggregate).
+    pub(super) async fn sweep(&mut self, pipeline: &mut Pipeline) -> Option<Instant> {
+        let round = pipeline.sweep_round(SWEEP_AGGREGATES)?;
+        let per_aggregate = (self.config.batch_size / round.aggregates.len()).max(1);
+        let started = Instant::now();
+        let mut taken_back = Vec::new();
+        let mut next_due = None;
+        let result = match self.stores[0]
+            .sweep(
+                &round.aggregates,
+                &round.frozen,
+                per_aggregate,
+                self.config.batch_size,
+                self.config.max_batch_bytes,
+            )
+            .await
+        {
+            Ok((claim, info)) => {
+                next_due = info.next_due;
+                let complete = info.complete;
+                run_claim(
+                    self.config,
+                    &self.publisher,
+                    self.metrics,
+                    claim,
+                    started,
+                    |claim, unsettled| {
+                        // Taken back: the aggregates whose every pending row was in this sweep
+                        // and went out. Not those stopped at a row held elsewhere or not
+                        // eligible, nor those with a failure.
+                        let mut not_out: HashSet<AggregateKey> = unsettled.into_iter().collect();
+                        not_out.extend(claim.defer.iter().cloned());
+                        not_out.extend(claim.carry.iter().map(|c| c.aggregate.clone()));
+                        let out: HashSet<AggregateKey> = claim
+                            .groups
+                            .iter()
+                            .filter_map(|g| g.first())
+                            .map(|e| (e.aggregate_type.clone(), e.aggregate_id.clone()))
+                            .filter(|k| !not_out.contains(k))
+                            .collect();
+                        claim
+                            .undefer
+                            .extend(complete.into_iter().filter(|k| out.contains(k)));
+                        taken_back = claim.undefer.clone();
+                    },
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        let now = Instant::now();
+        match result {
+            Ok(report) => {
+                pipeline.taken_back(&taken_back);
+                if report.broker_failures == 0 {
+                    self.trouble.reset();
+                }
+                if report.broker_failures > 0 {
+                    Some(now + self.trouble_delay())
+                } else if report.published > 0 || report.full {
+                    // More may be waiting behind what went out.
+                    Some(now)
+                } else if pipeline.held().is_empty() {
+                    None
+                } else {
+                    let wait = [
+                        next_due,
+                        report.next_retry,
+                        Some(self.config.fallback_interval),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .min()
+                    .unwrap_or(self.config.fallback_interval);
+                    Some(now + wait)
+                }
+            }
+            Err(e) => {
+                self.recover(&e);
+                let delay = self.trouble_delay();
+                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "sweep of the aggregates handed to the table failed");
+                Some(now + delay)
+            }
+        }
+    }
+}
