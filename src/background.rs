@@ -67,7 +67,7 @@ pub(crate) async fn stats(
 
 /// The slot's retained WAL into `outbox_replication_lag_bytes` (0 while there is no slot).
 async fn replication_lag(client: &tokio_postgres::Client, slot: &str, metrics: &Metrics) {
-    match crate::store::wal::slot_lag(client, slot).await {
+    match crate::source::wal::control::slot_lag(client, slot).await {
         Ok(lag) => {
             let bytes = lag.unwrap_or(0.0);
             metrics.replication_lag_bytes.set(bytes);

@@ -236,9 +236,8 @@ impl Relay {
                 metrics: &self.metrics,
                 health: &self.health,
                 stores: std::array::from_fn(|_| {
-                    Store::for_wal(
-                        config.database_url.clone(),
-                        session.clone(),
+                    crate::source::wal::store::WalStore::new(
+                        Store::new(config.database_url.clone(), session.clone()),
                         config.wal_marking,
                     )
                 }),
@@ -271,7 +270,10 @@ impl Relay {
 
 /// After a failed batch (either source): connections that may be broken are dropped (the next
 /// claim reconnects); the broker's outage needs nothing but the pause.
-pub(crate) fn recover(stores: &mut [Store], e: &crate::error::Error) {
+pub(crate) fn recover<'s>(
+    stores: impl IntoIterator<Item = &'s mut Store>,
+    e: &crate::error::Error,
+) {
     if e.is_broker_unavailable() {
         return;
     }
@@ -279,9 +281,9 @@ pub(crate) fn recover(stores: &mut [Store], e: &crate::error::Error) {
         // Behind a transaction pooler that keeps no prepared statements
         // (--prepared-statements true by mistake): unnamed from now on.
         tracing::warn!("prepared statements do not survive between transactions on this connection (a transaction pooler?): sending them unnamed; set --prepared-statements false");
-        stores.iter_mut().for_each(Store::stop_preparing);
+        stores.into_iter().for_each(Store::stop_preparing);
     } else {
-        stores.iter_mut().for_each(Store::reset);
+        stores.into_iter().for_each(Store::reset);
     }
 }
 

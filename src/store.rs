@@ -16,8 +16,6 @@ use crate::error::Result;
 use crate::event::OutboxEvent;
 use crate::timestamp::Timestamp;
 
-pub(crate) mod wal;
-
 const CLAIM_ORDERED: &str = include_str!("../sql/queries/claim_ordered.sql");
 const CLAIM_UNORDERED: &str = include_str!("../sql/queries/claim_unordered.sql");
 const RELEASE: &str = include_str!("../sql/queries/release.sql");
@@ -27,13 +25,13 @@ const BEGIN_CLAIM: &str = include_str!("../sql/queries/begin_claim.sql");
 
 /// A statement of the relay: prepared once per connection, or sent unnamed (parsed and planned
 /// each time) where a transaction pooler does not keep prepared statements between transactions.
-enum Stmt {
+pub(crate) enum Stmt {
     Prepared(Statement),
     Unnamed(&'static str, &'static [Type]),
 }
 
 impl Stmt {
-    async fn new(
+    pub(crate) async fn new(
         client: &Client,
         sql: &'static str,
         types: &'static [Type],
@@ -46,7 +44,7 @@ impl Stmt {
         })
     }
 
-    async fn query_raw(
+    pub(crate) async fn query_raw(
         &self,
         client: &Client,
         params: &[&(dyn ToSql + Sync)],
@@ -60,7 +58,7 @@ impl Stmt {
         }
     }
 
-    async fn execute(
+    pub(crate) async fn execute(
         &self,
         client: &Client,
         params: &[&(dyn ToSql + Sync)],
@@ -93,8 +91,6 @@ struct Statements {
     claim_unordered: Stmt,
     release: Stmt,
     record_failures: Stmt,
-    /// `--source wal` only (they need schema version 5).
-    wal: Option<wal::WalStatements>,
 }
 
 /// How the worker connection talks to PostgreSQL: what a transaction starts with and whether
@@ -143,11 +139,10 @@ macro_rules! ready {
             &mut $store.in_tx,
             &$store.url,
             &$store.session,
-            $store.wal,
+            &mut $store.generation,
         )
     };
 }
-use ready;
 
 /// The worker connection with its statements; reconnects lazily after a loss.
 pub(crate) struct Store {
@@ -161,8 +156,9 @@ pub(crate) struct Store {
     sparse: bool,
     /// Rows to claim at most next time, below the batch size after a claim over the byte budget.
     limit_hint: usize,
-    /// Prepare the statements of `--source wal` too, marking rows this way.
-    wal: Option<crate::config::WalMarking>,
+    /// Counts the connections opened: statements another module prepared on the connection stay
+    /// valid while it is the same.
+    generation: u64,
 }
 
 /// A failed publish of one row, as the relay decided to record it.
@@ -194,16 +190,6 @@ pub(crate) struct Claim<'a> {
     pub full: bool,
     /// Rows the claim marked processed: the eligible ones.
     marked: Vec<Uuid>,
-    /// `--source wal`: aggregates to hand to the table, and aggregates to take back from it, in
-    /// the batch's transaction (see `store::wal`).
-    pub defer: Vec<wal::AggregateKey>,
-    pub undefer: Vec<wal::AggregateKey>,
-    /// `--source wal`: streamed rows not visible yet (with their aggregates' later ones), to
-    /// claim again shortly.
-    pub carry: Vec<wal::Candidate>,
-    /// `--wal-marking delete`: where each locked row is, so that the delete after the acks finds
-    /// the rows without a primary-key probe each.
-    tids: HashMap<Uuid, String>,
 }
 
 impl Store {
@@ -215,15 +201,7 @@ impl Store {
             in_tx: false,
             sparse: false,
             limit_hint: usize::MAX,
-            wal: None,
-        }
-    }
-
-    /// A worker connection of `--source wal`, which also claims by id.
-    pub fn for_wal(url: String, session: Session, marking: crate::config::WalMarking) -> Self {
-        Store {
-            wal: Some(marking),
-            ..Store::new(url, session)
+            generation: 0,
         }
     }
 
@@ -242,11 +220,7 @@ impl Store {
     /// A new worker connection with its statements. No session state: settings are per
     /// transaction (see `begin_claim.sql`). Statements are prepared inside such a transaction, so
     /// that `--schema` resolves their tables.
-    async fn open(
-        url: &str,
-        session: &Session,
-        wal: Option<crate::config::WalMarking>,
-    ) -> Result<(Client, Statements)> {
+    async fn open(url: &str, session: &Session) -> Result<(Client, Statements)> {
         let client = crate::db::connect(url, "outbox-relay").await?;
         let prepare = session.prepare;
         if prepare {
@@ -258,10 +232,6 @@ impl Store {
             release: Stmt::new(&client, RELEASE, RELEASE_TYPES, prepare).await?,
             record_failures: Stmt::new(&client, RECORD_FAILURES, RECORD_FAILURES_TYPES, prepare)
                 .await?,
-            wal: match wal {
-                Some(marking) => Some(wal::WalStatements::new(&client, prepare, marking).await?),
-                None => None,
-            },
         };
         if prepare {
             client.batch_execute("COMMIT").await?;
@@ -276,7 +246,7 @@ impl Store {
         in_tx: &mut bool,
         url: &str,
         session: &Session,
-        wal: Option<crate::config::WalMarking>,
+        generation: &mut u64,
     ) -> Result<(&'c Client, &'c Statements)> {
         if conn.as_ref().is_some_and(|(c, _)| c.is_closed()) {
             *conn = None;
@@ -284,7 +254,11 @@ impl Store {
         }
         let opened = match conn.take() {
             Some(opened) => opened,
-            None => Self::open(url, session, wal).await?,
+            None => {
+                let opened = Self::open(url, session).await?;
+                *generation += 1;
+                opened
+            }
         };
         let (client, statements) = &*conn.insert(opened);
         if *in_tx {
@@ -358,10 +332,36 @@ impl Store {
             claimed,
             full,
             marked,
-            defer: Vec::new(),
-            undefer: Vec::new(),
-            carry: Vec::new(),
-            tids: HashMap::new(),
+        })
+    }
+
+    /// The connection, opened if there is none, with no transaction open, and its generation
+    /// (statements prepared on it by another module are valid while that stays the same); and
+    /// how to prepare them: whether to, and the `BEGIN` that resolves the outbox's schema.
+    pub async fn connection(&mut self) -> Result<(&Client, u64, bool, &str)> {
+        let (client, _) = ready!(self).await?;
+        Ok((
+            client,
+            self.generation,
+            self.session.prepare,
+            &self.session.begin,
+        ))
+    }
+
+    /// Opens a claim's transaction (with the session's settings) for another module's claim
+    /// statements: the claim starts empty ([`Claim::fill`]).
+    pub async fn begin(&mut self) -> Result<Claim<'_>> {
+        let (client, statements) = ready!(self).await?;
+        self.in_tx = true;
+        client.batch_execute(&self.session.begin).await?;
+        Ok(Claim {
+            client,
+            statements,
+            in_tx: &mut self.in_tx,
+            groups: Vec::new(),
+            claimed: 0,
+            full: false,
+            marked: Vec::new(),
         })
     }
 
@@ -387,13 +387,21 @@ impl Store {
 /// be published now); `None` for a row claimed but not publishable now: not eligible (waiting for
 /// its retry, dead-lettered) or held back (behind a row locked by another session, or by the byte
 /// budget: `held`). An aggregate stops at its first row without an event.
-struct ClaimedRow {
+pub(crate) struct ClaimedRow {
     seq: i64,
     aggregate: (String, String),
     event: Option<OutboxEvent>,
     held: bool,
-    /// `--wal-marking delete`: where the locked row is (`ctid`), for the delete after the acks.
-    tid: Option<String>,
+    /// Where the row is (`ctid`), when the statement returns it (the wal source's lock by id):
+    /// its delete after the acks finds the row there.
+    pub tid: Option<String>,
+}
+
+impl ClaimedRow {
+    /// The event, for a row the claim marked (or locked) to publish now.
+    pub fn into_event(self) -> Option<OutboxEvent> {
+        self.event
+    }
 }
 
 /// The claim's parameters (rows, bytes, hop) as `ordering`'s statement takes them: the unordered
@@ -408,7 +416,7 @@ fn claim_params<'a>(
     }
 }
 
-async fn read_claim(
+pub(crate) async fn read_claim(
     client: &Client,
     statement: &Stmt,
     params: &[&(dyn ToSql + Sync)],
@@ -664,27 +672,34 @@ fn headers_from_json(text: Option<String>) -> (BTreeMap<String, String>, Option<
     }
 }
 
+/// More statements of a batch's transaction, after its outcome is recorded and before its commit.
+pub(crate) trait BeforeCommit {
+    /// `published`: the events acked.
+    fn run(
+        self,
+        client: &Client,
+        published: &[Uuid],
+    ) -> impl std::future::Future<Output = Result<()>> + Send;
+}
+
+impl BeforeCommit for () {
+    async fn run(self, _: &Client, _: &[Uuid]) -> Result<()> {
+        Ok(())
+    }
+}
+
 /// A claim whose transaction stays open on its store's connection while the store is free for
-/// other borrows: `--source wal` claims the next batch while the one before is published.
+/// other borrows: a pipelined source claims the next batch while the one before is published.
 pub(crate) struct OpenClaim {
     groups: Vec<Vec<OutboxEvent>>,
     claimed: usize,
     full: bool,
     marked: Vec<Uuid>,
-    defer: Vec<wal::AggregateKey>,
-    undefer: Vec<wal::AggregateKey>,
-    carry: Vec<wal::Candidate>,
-    tids: HashMap<Uuid, String>,
 }
 
 impl OpenClaim {
     pub fn groups_mut(&mut self) -> &mut Vec<Vec<OutboxEvent>> {
         &mut self.groups
-    }
-
-    /// `--source wal`: the aggregates to hand to the table when the claim is recorded.
-    pub fn set_defer(&mut self, defer: Vec<wal::AggregateKey>) {
-        self.defer = defer;
     }
 }
 
@@ -707,10 +722,6 @@ impl Store {
             claimed: open.claimed,
             full: open.full,
             marked: open.marked,
-            defer: open.defer,
-            undefer: open.undefer,
-            carry: open.carry,
-            tids: open.tids,
         })
     }
 }
@@ -723,16 +734,31 @@ impl Claim<'_> {
             claimed: self.claimed,
             full: self.full,
             marked: self.marked,
-            defer: self.defer,
-            undefer: self.undefer,
-            carry: self.carry,
-            tids: self.tids,
         }
     }
 
+    /// The claim's connection, for statements of another module inside its transaction.
+    pub fn client(&self) -> &Client {
+        self.client
+    }
+
+    /// What another module's claim statements took: the groups to publish, the rows locked and
+    /// the rows marked processed (put back at the finish unless published or failed).
+    pub fn fill(&mut self, groups: Vec<Vec<OutboxEvent>>, claimed: usize, marked: Vec<Uuid>) {
+        self.groups = groups;
+        self.claimed = claimed;
+        self.marked = marked;
+    }
+
     /// Puts back the marked rows that were not published, records the failures (one statement
-    /// each, only when needed) and commits.
-    pub async fn finish(self, published: &[Uuid], failures: &[Failure]) -> Result<()> {
+    /// each, only when needed), runs `before_commit` (a source's own bookkeeping of the batch, or
+    /// `()`) and commits.
+    pub async fn finish_with(
+        self,
+        published: &[Uuid],
+        failures: &[Failure],
+        before_commit: impl BeforeCommit,
+    ) -> Result<()> {
         let done: HashSet<Uuid> = published
             .iter()
             .chain(failures.iter().map(|f| &f.id))
@@ -767,12 +793,7 @@ impl Claim<'_> {
                 .execute(self.client, &[&ids, &errors, &delays, &dead, &spent])
                 .await?;
         }
-        if let Some(wal) = &self.statements.wal {
-            wal.delete_published(self.client, published, &self.tids)
-                .await?;
-            wal.hand_over(self.client, &self.defer, &self.undefer)
-                .await?;
-        }
+        before_commit.run(self.client, published).await?;
         self.end("COMMIT").await
     }
 

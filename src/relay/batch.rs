@@ -6,12 +6,12 @@ use uuid::Uuid;
 
 use crate::config::RelayConfig;
 use crate::error::{Error, Result};
+use crate::event::AggregateKey;
 use crate::event::OutboxEvent;
 use crate::metrics::Metrics;
 use crate::policy::{is_broker_outage, FailureKind, RetryPolicy, Verdict};
 use crate::publisher::{Outcome, Publisher};
-use crate::store::wal::AggregateKey;
-use crate::store::{Claim, Failure, Store};
+use crate::store::{BeforeCommit, Claim, Failure, Store};
 
 /// What one batch (or two in flight together) did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -144,22 +144,21 @@ pub(crate) async fn process_batch(
     let claim = store
         .claim(config.ordering, config.batch_size, config.max_batch_bytes)
         .await?;
-    run_claim(config, publisher, metrics, claim, started, |_, _| {}).await
+    run_claim(config, publisher, metrics, claim, started, ()).await
 }
 
-/// The rest of a batch once claimed: publish, settle, record, commit. `hand_over` sees the claim
-/// before its commit with the aggregates whose events were not all published (a failure, or held
-/// back behind one): the wal source hands them to the table there.
+/// The rest of a batch once claimed: publish, settle, record (with the source's own bookkeeping,
+/// `before_commit`), commit.
 pub(crate) async fn run_claim(
     config: &RelayConfig,
     publisher: &Publisher,
     metrics: &Metrics,
     mut claim: Claim<'_>,
     started: Instant,
-    hand_over: impl FnOnce(&mut Claim<'_>, Vec<AggregateKey>),
+    before_commit: impl BeforeCommit,
 ) -> Result<BatchReport> {
-    match publish_claim(config, publisher, metrics, &mut claim, started, hand_over).await {
-        Ok(settled) => settled.finish(claim, metrics).await,
+    match publish_claim(config, publisher, metrics, &mut claim, started).await {
+        Ok(settled) => settled.finish_with(claim, metrics, before_commit).await,
         Err(e) => {
             // A broker outage spends no attempts: the rollback releases the rows.
             claim.rollback().await?;
@@ -168,10 +167,12 @@ pub(crate) async fn run_claim(
     }
 }
 
-/// A claim published and settled, its outcome not recorded yet: [`Published::finish`] records it
-/// and commits. `--source wal` publishes the next batch meanwhile.
+/// A claim published and settled, its outcome not recorded yet: [`Published::finish_with`] records it
+/// and commits. A pipelined source publishes the next batch meanwhile.
 pub(crate) struct Published {
     pub report: BatchReport,
+    /// The aggregates whose events were not all published (a failure, or held back behind one).
+    pub unsettled: Vec<AggregateKey>,
     published: Vec<Uuid>,
     failures: Vec<Failure>,
     started: Instant,
@@ -188,7 +189,6 @@ pub(crate) async fn publish_claim(
     metrics: &Metrics,
     claim: &mut Claim<'_>,
     started: Instant,
-    hand_over: impl FnOnce(&mut Claim<'_>, Vec<AggregateKey>),
 ) -> Result<Published> {
     let claim_ms = started.elapsed().as_secs_f64() * 1000.0;
     let (claimed, full) = (claim.claimed, claim.full);
@@ -198,6 +198,7 @@ pub(crate) async fn publish_claim(
             full,
             ..Default::default()
         },
+        unsettled: Vec::new(),
         published: Vec::new(),
         failures: Vec::new(),
         started,
@@ -205,10 +206,6 @@ pub(crate) async fn publish_claim(
         publish_ms: None,
     };
     if claim.groups.is_empty() {
-        // Nothing to publish, but what the claim found may still hand aggregates over (a wal
-        // batch whose every row is held elsewhere) or take them back (a sweep that found none
-        // pending).
-        hand_over(claim, Vec::new());
         return Ok(published);
     }
     let publish_started = Instant::now();
@@ -225,7 +222,7 @@ pub(crate) async fn publish_claim(
 
     let policy = RetryPolicy::of(config);
     let settlement = settle(&policy, &claim.groups, &outcomes, |s| observe(metrics, s));
-    let unsettled = claim
+    published.unsettled = claim
         .groups
         .iter()
         .zip(&outcomes)
@@ -233,7 +230,6 @@ pub(crate) async fn publish_claim(
         .filter_map(|(g, _)| g.first())
         .map(|e| (e.aggregate_type.clone(), e.aggregate_id.clone()))
         .collect();
-    hand_over(claim, unsettled);
     published.report = BatchReport {
         claimed,
         full,
@@ -250,10 +246,18 @@ impl Published {
         &self.published
     }
 
-    /// Records the outcome in the claim's transaction and commits.
-    pub async fn finish(self, claim: Claim<'_>, metrics: &Metrics) -> Result<BatchReport> {
+    /// Records the outcome in the claim's transaction, with the source's own bookkeeping
+    /// (`before_commit`, or `()`), and commits.
+    pub async fn finish_with(
+        self,
+        claim: Claim<'_>,
+        metrics: &Metrics,
+        before_commit: impl BeforeCommit,
+    ) -> Result<BatchReport> {
         let finish_started = Instant::now();
-        claim.finish(&self.published, &self.failures).await?;
+        claim
+            .finish_with(&self.published, &self.failures, before_commit)
+            .await?;
         let report = self.report;
         let Some(publish_ms) = self.publish_ms else {
             return Ok(report);

@@ -16,7 +16,9 @@ use tokio_postgres::config::Host;
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
-use crate::store::wal::{AggregateKey, Candidate, ServerAddr};
+use crate::event::AggregateKey;
+use crate::source::wal::control::ServerAddr;
+use crate::source::wal::pipeline::Candidate;
 use crate::tls::{Mode, RootCert, TlsSettings};
 use pgoutput::{Message, Relation, Value};
 

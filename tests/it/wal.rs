@@ -75,6 +75,13 @@ async fn streams_committed_events_with_the_table_sources_subject_headers_and_ids
     env.insert_sql(5, "before", "order.created").await;
     let relay = env.spawn(env.wal_config().await).await;
     env.wait_stream_len(5, Duration::from_secs(30)).await;
+    // Published by the catch-up, recorded as the stream records (`--wal-marking delete`).
+    wait_until(
+        "the caught-up rows deleted",
+        Duration::from_secs(10),
+        || async { env.count("true").await == 0 },
+    )
+    .await;
     env.insert_interleaved(20, 10).await;
     env.insert_sql(3, "after", "order.paid").await;
     env.wait_stream_len(208, Duration::from_secs(30)).await;

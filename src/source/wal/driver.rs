@@ -11,14 +11,14 @@ use tokio::time::sleep_until;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::control::Control;
 use super::pipeline::{BatchId, Pipeline};
+use super::store::WalOpen;
 use super::{Stop, WalSource};
 use crate::error::{Error, Result};
 use crate::event::{AggregateKey, OutboxEvent};
 use crate::relay::batch::{publish_claim, BatchReport, Published};
 use crate::relay::pause;
-use crate::store::wal::Control;
-use crate::store::OpenClaim;
 use crate::wal::Stream;
 
 /// A streamed row not visible yet is claimed again after this pause, doubling while it stays so
@@ -31,7 +31,7 @@ const VISIBILITY_RETRY_MAX: Duration = Duration::from_millis(64);
 struct Claimed {
     batch: BatchId,
     store: usize,
-    open: OpenClaim,
+    open: WalOpen,
     events: HashMap<Uuid, OutboxEvent>,
 }
 
@@ -39,7 +39,7 @@ struct Claimed {
 struct Finishing {
     batch: BatchId,
     store: usize,
-    open: OpenClaim,
+    open: WalOpen,
     published: Published,
     /// The aggregates it hands to the table.
     handed: Vec<AggregateKey>,
@@ -189,8 +189,12 @@ impl WalSource<'_> {
         // published is undone (its rows are pending again); whatever was not confirmed streams
         // again to the next leader.
         if let Some(f) = finishing {
-            let recorded = match self.stores[f.store].resume(f.open) {
-                Ok(claim) => f.published.finish(claim, self.metrics).await.map(|_| ()),
+            let recorded = match self.stores[f.store].resume(f.open, f.handed) {
+                Ok((claim, record)) => f
+                    .published
+                    .finish_with(claim, self.metrics, record)
+                    .await
+                    .map(|_| ()),
                 Err(e) => Err(e),
             };
             if let Err(e) = recorded {
@@ -256,8 +260,8 @@ impl WalSource<'_> {
         let (config, publisher) = (self.config, &self.publisher);
         let record = async {
             let (f, store) = (finishing?, fin_s?);
-            let result = match store.resume(f.open) {
-                Ok(claim) => f.published.finish(claim, metrics).await,
+            let result = match store.resume(f.open, f.handed.clone()) {
+                Ok((claim, record)) => f.published.finish_with(claim, metrics, record).await,
                 Err(e) => Err(e),
             };
             Some((f.batch, result.map(|report| (report, f.handed))))
@@ -270,23 +274,21 @@ impl WalSource<'_> {
                 mut open,
                 mut events,
             } = c;
-            *open.groups_mut() = groups
+            *open.open.groups_mut() = groups
                 .iter()
                 .map(|g| g.iter().filter_map(|id| events.remove(id)).collect())
                 .collect();
             drop(events);
             let result = async {
-                let mut claim = store.resume(open)?;
+                let (mut claim, record) = store.resume(open, Vec::new())?;
                 let started = Instant::now();
-                match publish_claim(config, publisher, metrics, &mut claim, started, |_, _| {})
-                    .await
-                {
+                match publish_claim(config, publisher, metrics, &mut claim, started).await {
                     Ok(published) => {
                         // Recording needs the ids only: the rows' content goes now, so that no
                         // more than two batches' rows are held at once.
                         let mut open = claim.into_open();
                         *open.groups_mut() = Vec::new();
-                        Ok((open, published))
+                        Ok((record.reopen(open), published))
                     }
                     Err(e) => {
                         claim.rollback().await?;
@@ -323,10 +325,9 @@ impl WalSource<'_> {
         }
         if let Some((batch, store, result)) = published {
             match result {
-                Ok((mut open, published)) if !failed => {
+                Ok((open, published)) if !failed => {
                     let acked: HashSet<Uuid> = published.acked().iter().copied().collect();
                     let handed = pipeline.settled(batch, &acked);
-                    open.set_defer(handed.clone());
                     step.published = Some(Finishing {
                         batch,
                         store,

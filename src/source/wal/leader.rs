@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::control::{Aside, Control};
 use super::{Stop, WalSource};
 use crate::error::{Error, Result};
-use crate::relay::batch::process_batch;
+use crate::relay::batch::run_claim;
 use crate::relay::pause;
-use crate::store::wal::{Aside, Control};
 use crate::wal::Stream;
 
 /// How often a relay standing by asks for the leadership.
@@ -193,7 +193,9 @@ impl WalSource<'_> {
         // A batch claimed but not published when the stream stopped (an error, a lost leadership)
         // must not keep its rows locked through the pause: its connection goes, the rows are
         // pending again for whoever streams next.
-        self.stores.iter_mut().for_each(crate::store::Store::reset);
+        self.stores
+            .iter_mut()
+            .for_each(super::store::WalStore::reset);
         result
     }
 
@@ -267,13 +269,17 @@ impl WalSource<'_> {
             if shutdown.is_cancelled() {
                 return Ok(false);
             }
-            let result = process_batch(
-                self.config,
-                &self.publisher,
-                self.metrics,
-                &mut self.stores[0],
-            )
-            .await;
+            let started = std::time::Instant::now();
+            let (config, publisher, metrics) = (self.config, &self.publisher, self.metrics);
+            let result = match self.stores[0]
+                .claim_table(config.ordering, config.batch_size, config.max_batch_bytes)
+                .await
+            {
+                Ok((claim, record)) => {
+                    run_claim(config, publisher, metrics, claim, started, record).await
+                }
+                Err(e) => Err(e),
+            };
             let failed = match result {
                 Ok(report) if report.broker_failures == 0 && !report.full => {
                     published += report.published;

@@ -7,12 +7,16 @@
 //!   claimed), performing what `pipeline` decides.
 //! - `pipeline`: the pure state machine of streamed rows, batches in flight, the aggregates the
 //!   table holds and the position the slot may confirm.
+//! - `store`: the worker connections' claims by id, sweeps and records; `control`: the control
+//!   connection (leadership, the slot, the aggregates the table holds).
 //! - `sweep`: publishes the events of aggregates the table holds, in seq order, and takes them
 //!   back once none is pending.
 
+pub(crate) mod control;
 mod driver;
 mod leader;
 pub(crate) mod pipeline;
+pub(crate) mod store;
 mod sweep;
 
 use std::time::Duration;
@@ -25,7 +29,7 @@ use crate::error::Error;
 use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::publisher::Publisher;
-use crate::store::Store;
+use store::WalStore;
 
 /// Why leading stopped (shutdown returns `Ok`).
 enum Stop {
@@ -56,7 +60,7 @@ pub(crate) struct WalSource<'a> {
     pub health: &'a Health,
     /// Three worker connections: one records a batch while the next publishes and the one after
     /// is claimed.
-    pub stores: [Store; 3],
+    pub stores: [WalStore; 3],
     pub slot: String,
     pub trouble: ExponentialBackoff<SystemClock>,
 }
@@ -70,6 +74,6 @@ impl WalSource<'_> {
     /// After a failed batch or sweep: connections that may be broken are dropped, statements
     /// lost to a pooler are sent unnamed from now on.
     fn recover(&mut self, e: &Error) {
-        crate::relay::recover(&mut self.stores, e);
+        crate::relay::recover(self.stores.iter_mut().map(WalStore::table), e);
     }
 }

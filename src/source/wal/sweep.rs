@@ -10,7 +10,7 @@ use backoff::backoff::Backoff;
 use super::pipeline::Pipeline;
 use super::WalSource;
 use crate::event::AggregateKey;
-use crate::relay::batch::run_claim;
+use crate::relay::batch::publish_claim;
 
 /// Aggregates held by the table looked at per sweep.
 const SWEEP_AGGREGATES: usize = 100;
@@ -25,32 +25,27 @@ impl WalSource<'_> {
         let started = Instant::now();
         let mut taken_back = Vec::new();
         let mut next_due = None;
+        let (config, publisher, metrics) = (self.config, &self.publisher, self.metrics);
         let result = match self.stores[0]
             .sweep(
                 &round.aggregates,
                 &round.frozen,
                 per_aggregate,
-                self.config.batch_size,
-                self.config.max_batch_bytes,
+                config.batch_size,
+                config.max_batch_bytes,
             )
             .await
         {
-            Ok((claim, info)) => {
+            Ok((mut claim, mut record, info)) => {
                 next_due = info.next_due;
-                let complete = info.complete;
-                run_claim(
-                    self.config,
-                    &self.publisher,
-                    self.metrics,
-                    claim,
-                    started,
-                    |claim, unsettled| {
+                match publish_claim(config, publisher, metrics, &mut claim, started).await {
+                    Ok(published) => {
                         // Taken back: the aggregates whose every pending row was in this sweep
                         // and went out. Not those stopped at a row held elsewhere or not
                         // eligible, nor those with a failure.
-                        let mut not_out: HashSet<AggregateKey> = unsettled.into_iter().collect();
-                        not_out.extend(claim.defer.iter().cloned());
-                        not_out.extend(claim.carry.iter().map(|c| c.aggregate.clone()));
+                        let mut not_out: HashSet<AggregateKey> =
+                            published.unsettled.iter().cloned().collect();
+                        not_out.extend(info.held.iter().cloned());
                         let out: HashSet<AggregateKey> = claim
                             .groups
                             .iter()
@@ -58,13 +53,20 @@ impl WalSource<'_> {
                             .map(|e| (e.aggregate_type.clone(), e.aggregate_id.clone()))
                             .filter(|k| !not_out.contains(k))
                             .collect();
-                        claim
+                        record
                             .undefer
-                            .extend(complete.into_iter().filter(|k| out.contains(k)));
-                        taken_back = claim.undefer.clone();
-                    },
-                )
-                .await
+                            .extend(info.complete.into_iter().filter(|k| out.contains(k)));
+                        taken_back = record.undefer.clone();
+                        published.finish_with(claim, metrics, record).await
+                    }
+                    Err(e) => {
+                        // A broker outage spends no attempts: the rollback releases the rows.
+                        match claim.rollback().await {
+                            Ok(()) => Err(e),
+                            Err(rollback) => Err(rollback),
+                        }
+                    }
+                }
             }
             Err(e) => Err(e),
         };

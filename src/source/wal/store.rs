@@ -1,5 +1,7 @@
-//! The PostgreSQL side of `--source wal`: claiming streamed rows by id, the aggregates handed to
-//! the table (`outbox_wal_deferred`), and, on a control connection, leadership and the slot.
+//! The worker connections' side of `--source wal`: claiming streamed rows by id, sweeping the
+//! aggregates the table holds, and recording a batch's hand-over (`outbox_wal_deferred`) and
+//! delete in its transaction. Built on the table source's [`Store`] (its connection, session and
+//! claim), with statements of its own prepared on the same connection.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -8,33 +10,20 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Client;
 use uuid::Uuid;
 
-use super::{read_claim, ready, Claim, OpenClaim, Statements, Stmt, Store};
+use super::pipeline::{Candidate, Found};
 use crate::config::WalMarking;
-use crate::error::{Error, Result};
-use crate::event::OutboxEvent;
+use crate::error::Result;
+use crate::event::{AggregateKey, OutboxEvent};
+use crate::store::{read_claim, BeforeCommit, Claim, ClaimedRow, OpenClaim, Stmt, Store};
 
-pub(crate) use crate::event::AggregateKey;
-
-const CLAIM_IDS: &str = include_str!("../../sql/queries/claim_ids.sql");
-const LOCK_IDS: &str = include_str!("../../sql/queries/lock_ids.sql");
-const DELETE_PUBLISHED: &str = include_str!("../../sql/queries/delete_published.sql");
-const DELETE_PUBLISHED_IDS: &str = include_str!("../../sql/queries/delete_published_ids.sql");
-const ROW_STATES: &str = include_str!("../../sql/queries/row_states.sql");
-const PENDING_OF: &str = include_str!("../../sql/queries/pending_of.sql");
-const DEFER: &str = include_str!("../../sql/queries/defer.sql");
-const UNDEFER: &str = include_str!("../../sql/queries/undefer.sql");
-const DEFERRED: &str = include_str!("../../sql/queries/deferred.sql");
-const WAL_LEAD: &str = include_str!("../../sql/queries/wal_lead.sql");
-const WAL_STATE: &str = include_str!("../../sql/queries/wal_state.sql");
-const CREATE_SLOT: &str = include_str!("../../sql/queries/create_slot.sql");
-const DROP_SLOT: &str = include_str!("../../sql/queries/drop_slot.sql");
-const LISTEN: &str = include_str!("../../sql/queries/wal_listen.sql");
-const SLOT_CREATED: &str = include_str!("../../sql/queries/slot_created.sql");
-const SLOT_CAUGHT_UP: &str = include_str!("../../sql/queries/slot_caught_up.sql");
-const SLOT_LAG: &str = include_str!("../../sql/queries/slot_lag.sql");
-const BACKEND_PID: &str = include_str!("../../sql/queries/backend_pid.sql");
-const WAITS_FOR: &str = include_str!("../../sql/queries/wal_waits_for.sql");
-const CANCEL_BACKEND: &str = include_str!("../../sql/queries/cancel_backend.sql");
+const CLAIM_IDS: &str = include_str!("../../../sql/queries/claim_ids.sql");
+const LOCK_IDS: &str = include_str!("../../../sql/queries/lock_ids.sql");
+const DELETE_PUBLISHED: &str = include_str!("../../../sql/queries/delete_published.sql");
+const DELETE_PUBLISHED_IDS: &str = include_str!("../../../sql/queries/delete_published_ids.sql");
+const ROW_STATES: &str = include_str!("../../../sql/queries/row_states.sql");
+const PENDING_OF: &str = include_str!("../../../sql/queries/pending_of.sql");
+const DEFER: &str = include_str!("../../../sql/queries/defer.sql");
+const UNDEFER: &str = include_str!("../../../sql/queries/undefer.sql");
 
 const UUIDS: &[Type] = &[Type::UUID_ARRAY];
 const TIDS_UUIDS: &[Type] = &[Type::TEXT_ARRAY, Type::UUID_ARRAY];
@@ -129,15 +118,60 @@ impl WalStatements {
     }
 }
 
-pub(crate) use crate::source::wal::pipeline::Candidate;
-use crate::source::wal::pipeline::Found;
-
 /// A claim by id: the open claim (no groups yet), the events it took, and what was found of each
 /// candidate.
 pub(crate) struct ClaimedIds {
-    pub open: OpenClaim,
+    pub open: WalOpen,
     pub events: HashMap<Uuid, OutboxEvent>,
     pub found: HashMap<Uuid, Found>,
+}
+
+/// A claim of the wal source left open while its connection serves other work (see
+/// [`OpenClaim`]).
+pub(crate) struct WalOpen {
+    pub open: OpenClaim,
+    /// `--wal-marking delete`: where each locked row is, so that the delete after the acks finds
+    /// the rows without a primary-key probe each.
+    tids: HashMap<Uuid, String>,
+}
+
+/// What the wal source records in a batch's transaction besides its outcome: the published rows
+/// deleted (`--wal-marking delete`), the aggregates handed to the table and those taken back.
+pub(crate) struct WalRecord<'a> {
+    statements: &'a WalStatements,
+    tids: HashMap<Uuid, String>,
+    pub defer: Vec<AggregateKey>,
+    pub undefer: Vec<AggregateKey>,
+}
+
+impl WalRecord<'_> {
+    /// The claim left open again, with where its rows are.
+    pub fn reopen(self, open: OpenClaim) -> WalOpen {
+        WalOpen {
+            open,
+            tids: self.tids,
+        }
+    }
+}
+
+impl BeforeCommit for WalRecord<'_> {
+    async fn run(self, client: &Client, published: &[Uuid]) -> Result<()> {
+        self.statements
+            .delete_published(client, published, &self.tids)
+            .await?;
+        self.statements
+            .hand_over(client, &self.defer, &self.undefer)
+            .await
+    }
+}
+
+/// A worker connection of the wal source: the table source's [`Store`] and the wal source's
+/// statements on the same connection (prepared again whenever it is a new one).
+pub(crate) struct WalStore {
+    store: Store,
+    marking: WalMarking,
+    /// The statements, with the generation of the connection they were prepared on.
+    statements: Option<(u64, WalStatements)>,
 }
 
 /// What a sweep of aggregates handed to the table found besides its claim.
@@ -150,18 +184,97 @@ pub(crate) struct SweepInfo {
     pub cleared: Vec<AggregateKey>,
     /// The earliest retry due among the rows that are waiting for one.
     pub next_due: Option<Duration>,
+    /// Aggregates whose claim stopped at a row it could not take (held elsewhere).
+    pub held: HashSet<AggregateKey>,
 }
 
-impl Store {
+impl WalStore {
+    pub fn new(store: Store, marking: WalMarking) -> WalStore {
+        WalStore {
+            store,
+            marking,
+            statements: None,
+        }
+    }
+
+    /// The table source's side of the connection.
+    pub fn table(&mut self) -> &mut Store {
+        &mut self.store
+    }
+
+    /// A claim from the table as the table source makes it (the catch-up behind a new slot),
+    /// recorded as the wal source records its batches (published rows deleted with
+    /// `--wal-marking delete`).
+    pub async fn claim_table(
+        &mut self,
+        ordering: crate::config::Ordering,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<(Claim<'_>, WalRecord<'_>)> {
+        self.ready().await?;
+        let statements = prepared(&self.statements)?;
+        let claim = self.store.claim(ordering, limit, max_bytes).await?;
+        Ok((
+            claim,
+            WalRecord {
+                statements,
+                tids: HashMap::new(),
+                defer: Vec::new(),
+                undefer: Vec::new(),
+            },
+        ))
+    }
+
+    /// Drops the connection after an error that may have broken it; the next claim reconnects.
+    pub fn reset(&mut self) {
+        self.store.reset();
+    }
+
+    /// The connection with the wal statements prepared on it.
+    async fn ready(&mut self) -> Result<()> {
+        let (client, generation, prepare, begin) = self.store.connection().await?;
+        if self.statements.as_ref().map(|(g, _)| *g) != Some(generation) {
+            // Prepared inside a transaction with the session's settings: `--schema` resolves.
+            if prepare {
+                client.batch_execute(begin).await?;
+            }
+            let statements = WalStatements::new(client, prepare, self.marking).await?;
+            if prepare {
+                client.batch_execute("COMMIT").await?;
+            }
+            self.statements = Some((generation, statements));
+        }
+        Ok(())
+    }
+
+    /// A claim left open by [`WalStore::claim_ids`], to publish and record, with what to record
+    /// besides its outcome.
+    pub fn resume(
+        &mut self,
+        open: WalOpen,
+        defer: Vec<AggregateKey>,
+    ) -> Result<(Claim<'_>, WalRecord<'_>)> {
+        let statements = prepared(&self.statements)?;
+        let claim = self.store.resume(open.open)?;
+        Ok((
+            claim,
+            WalRecord {
+                statements,
+                tids: open.tids,
+                defer,
+                undefer: Vec::new(),
+            },
+        ))
+    }
+
     /// Opens a transaction and claims the pending, eligible rows among `candidates`, skipping rows
     /// another session holds. Returns the claim (no groups yet: the pipeline decides what goes
     /// out), the events claimed, and what was found of each candidate.
     pub async fn claim_ids(&mut self, candidates: &[Candidate]) -> Result<ClaimedIds> {
-        let (client, statements) = ready!(self).await?;
-        let wal = wal_statements(statements)?;
-        self.in_tx = true;
-        client.batch_execute(&self.session.begin).await?;
-        let (taken, states, marked) = claim_in(client, wal, candidates).await?;
+        self.ready().await?;
+        let wal = prepared(&self.statements)?;
+        let mut claim = self.store.begin().await?;
+        let (taken, states, marked) = claim_in(claim.client(), wal, candidates).await?;
         let mut found: HashMap<Uuid, Found> = states
             .into_iter()
             .map(|(id, state)| {
@@ -174,21 +287,12 @@ impl Store {
             })
             .collect();
         found.extend(taken.claimed.keys().map(|id| (*id, Found::Claimed)));
-        let claim = Claim {
-            client,
-            statements,
-            in_tx: &mut self.in_tx,
-            claimed: marked.len(),
-            groups: Vec::new(),
-            full: false,
-            marked,
-            defer: Vec::new(),
-            undefer: Vec::new(),
-            carry: Vec::new(),
-            tids: taken.tids,
-        };
+        claim.fill(Vec::new(), marked.len(), marked);
         Ok(ClaimedIds {
-            open: claim.into_open(),
+            open: WalOpen {
+                open: claim.into_open(),
+                tids: taken.tids,
+            },
             events: taken.claimed,
             found,
         })
@@ -205,11 +309,11 @@ impl Store {
         per_aggregate: usize,
         max_rows: usize,
         max_bytes: usize,
-    ) -> Result<(Claim<'_>, SweepInfo)> {
-        let (client, statements) = ready!(self).await?;
-        let wal = wal_statements(statements)?;
-        self.in_tx = true;
-        client.batch_execute(&self.session.begin).await?;
+    ) -> Result<(Claim<'_>, WalRecord<'_>, SweepInfo)> {
+        self.ready().await?;
+        let wal = prepared(&self.statements)?;
+        let mut claim = self.store.begin().await?;
+        let client = claim.client();
         let (types, ids): (Vec<&str>, Vec<&str>) = aggregates
             .iter()
             .map(|(t, i)| (t.as_str(), i.as_str()))
@@ -274,38 +378,33 @@ impl Store {
         }
         let (mut taken, states, marked) = claim_in(client, wal, &candidates).await?;
         let grouping = group_candidates(&candidates, &mut taken.claimed, &states);
-        let tids = taken.tids;
-        let claim = Claim {
-            client,
-            statements,
-            in_tx: &mut self.in_tx,
-            claimed: marked.len(),
-            full: candidates.len() >= max_rows,
-            groups: grouping.groups,
-            marked,
+        // Read from the table in this transaction, every one is visible: none is carried.
+        info.held.extend(grouping.defer.iter().cloned());
+        info.held
+            .extend(grouping.carry.iter().map(|c| c.aggregate.clone()));
+        claim.fill(grouping.groups, marked.len(), marked);
+        claim.full = candidates.len() >= max_rows;
+        let record = WalRecord {
+            statements: wal,
+            tids: taken.tids,
             defer: grouping.defer,
             undefer: info.cleared.clone(),
-            // Read from the table in this transaction: every one is visible.
-            carry: grouping.carry,
-            tids,
         };
-        Ok((claim, info))
+        Ok((claim, record, info))
     }
+}
+
+/// The statements prepared on the store's connection (see [`WalStore::ready`]).
+fn prepared(statements: &Option<(u64, WalStatements)>) -> Result<&WalStatements> {
+    statements.as_ref().map(|(_, s)| s).ok_or_else(|| {
+        crate::error::Error::replication("the connection holding a claimed batch closed", true)
+    })
 }
 
 struct PendingRow {
     id: Uuid,
     eligible: bool,
     size: usize,
-}
-
-fn wal_statements(statements: &Statements) -> Result<&WalStatements> {
-    statements.wal.as_ref().ok_or_else(|| {
-        Error::config(
-            "source",
-            "this connection was not opened for the wal source",
-        )
-    })
 }
 
 /// Claims `candidates` inside the open transaction: their grouping and the ids marked.
@@ -366,11 +465,12 @@ struct Taken {
 }
 
 impl Taken {
-    fn add(&mut self, rows: Vec<super::ClaimedRow>) {
+    fn add(&mut self, rows: Vec<ClaimedRow>) {
         self.claimed.reserve(rows.len());
-        for row in rows {
-            if let Some(event) = row.event {
-                if let Some(tid) = row.tid {
+        for mut row in rows {
+            let tid = row.tid.take();
+            if let Some(event) = row.into_event() {
+                if let Some(tid) = tid {
                     self.tids.insert(event.id, tid);
                 }
                 self.claimed.insert(event.id, event);
@@ -459,212 +559,6 @@ impl Stmt {
     ) -> std::result::Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
         let rows = self.query_raw(client, params).await?;
         futures::TryStreamExt::try_collect(rows).await
-    }
-}
-
-/// The relay's control connection of `--source wal`: leadership, the slot, the deferred
-/// aggregates. A session of its own (never through a transaction pooler): its advisory lock is the
-/// leadership.
-pub(crate) struct Control {
-    client: Client,
-    /// Its server process: a statement it waits in is cancelled from [`Aside`].
-    pid: i32,
-    /// Notified on this outbox's NOTIFY channel: `dead-letters retry` (and a stopping relay of the
-    /// table source) send one when rows become publishable again.
-    woken: std::sync::Arc<tokio::sync::Notify>,
-}
-
-/// Where a server is, as a connection reached it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct ServerAddr {
-    /// `None`: a Unix socket.
-    pub ip: Option<std::net::IpAddr>,
-    pub port: Option<u16>,
-}
-
-/// What PostgreSQL says about the replication setup.
-#[derive(Debug, Clone)]
-pub(crate) struct WalState {
-    pub wal_level: String,
-    /// The server the control connection reached: the leadership and the slot live there.
-    pub server: ServerAddr,
-    pub publication: String,
-    pub publication_exists: bool,
-    pub slot: Option<SlotInfo>,
-}
-
-#[derive(Debug, Clone)]
-pub(crate) struct SlotInfo {
-    pub plugin: Option<String>,
-    /// The slot belongs to another database.
-    pub other_database: Option<String>,
-    /// `lost`: invalidated (it can no longer stream).
-    pub wal_status: Option<String>,
-    pub active_pid: Option<i32>,
-    /// The catch-up from the table behind this slot is done.
-    pub caught_up: bool,
-}
-
-impl Control {
-    /// `url` carries the outbox's schema in its session (see `db::with_schema`).
-    pub async fn connect(url: &str) -> Result<Control> {
-        let (client, mut connection) =
-            crate::db::connect_raw(url, "listen_database_url", "outbox-relay-wal").await?;
-        let woken = std::sync::Arc::new(tokio::sync::Notify::new());
-        let notify = woken.clone();
-        tokio::spawn(async move {
-            let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
-            while let Some(message) = futures::StreamExt::next(&mut messages).await {
-                match message {
-                    Ok(tokio_postgres::AsyncMessage::Notification(_)) => notify.notify_one(),
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::debug!(error = %e, "control connection closed");
-                        break;
-                    }
-                }
-            }
-        });
-        client.batch_execute(LISTEN).await?;
-        let pid = client.query_typed_one(BACKEND_PID, &[]).await?.try_get(0)?;
-        Ok(Control { client, pid, woken })
-    }
-
-    /// The control connection's server process.
-    pub fn pid(&self) -> i32 {
-        self.pid
-    }
-
-    /// Waits for a notification on this outbox's channel.
-    pub async fn woken(&self) {
-        self.woken.notified().await
-    }
-
-    pub fn is_closed(&self) -> bool {
-        self.client.is_closed()
-    }
-
-    /// Takes the leadership of `slot` if no other relay holds it (held until this connection
-    /// ends).
-    pub async fn try_lead(&self, slot: &str) -> Result<bool> {
-        let row = self
-            .client
-            .query_typed_one(WAL_LEAD, &[(&slot, Type::TEXT)])
-            .await?;
-        Ok(row.try_get(0)?)
-    }
-
-    pub async fn state(&self, slot: &str) -> Result<WalState> {
-        let row = self
-            .client
-            .query_typed_one(WAL_STATE, &[(&slot, Type::TEXT)])
-            .await?;
-        let plugin: Option<String> = row.try_get("plugin")?;
-        let database: Option<String> = row.try_get("database")?;
-        let current: String = row.try_get("current_database")?;
-        let exists = plugin.is_some() || database.is_some();
-        let addr: Option<String> = row.try_get("server_addr")?;
-        let port: Option<i32> = row.try_get("server_port")?;
-        Ok(WalState {
-            wal_level: row.try_get("wal_level")?,
-            server: ServerAddr {
-                ip: addr.and_then(|a| a.parse().ok()),
-                port: port.and_then(|p| u16::try_from(p).ok()),
-            },
-            publication: row.try_get("publication")?,
-            publication_exists: row.try_get("publication_exists")?,
-            slot: exists.then(|| SlotInfo {
-                plugin,
-                other_database: database.filter(|d| *d != current),
-                wal_status: row.try_get("wal_status").ok().flatten(),
-                active_pid: row.try_get("active_pid").ok().flatten(),
-                caught_up: row.try_get("caught_up").unwrap_or(false),
-            }),
-        })
-    }
-
-    /// Creates the slot (its catch-up from the table to do); returns its consistent point.
-    pub async fn create_slot(&self, slot: &str) -> Result<String> {
-        self.client
-            .query_typed(SLOT_CREATED, &[(&slot, Type::TEXT)])
-            .await?;
-        let row = self
-            .client
-            .query_typed_one(CREATE_SLOT, &[(&slot, Type::TEXT)])
-            .await?;
-        Ok(row.try_get(0)?)
-    }
-
-    /// The catch-up from the table behind `slot` is done.
-    pub async fn caught_up(&self, slot: &str) -> Result<()> {
-        self.client
-            .query_typed(SLOT_CAUGHT_UP, &[(&slot, Type::TEXT)])
-            .await?;
-        Ok(())
-    }
-
-    pub async fn drop_slot(&self, slot: &str) -> Result<()> {
-        self.client
-            .query_typed(DROP_SLOT, &[(&slot, Type::TEXT)])
-            .await?;
-        Ok(())
-    }
-
-    /// The aggregates handed to the table, and those with a pending row that may not be
-    /// published now (`all_pending`: with any pending row).
-    pub async fn deferred(&self, all_pending: bool) -> Result<Vec<AggregateKey>> {
-        let rows = self
-            .client
-            .query_typed(DEFERRED, &[(&all_pending, Type::BOOL)])
-            .await?;
-        rows.iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-            .collect()
-    }
-}
-
-/// A short connection beside the control connection while that one waits in a statement: what
-/// the wait is for, and cancelling it.
-pub(crate) struct Aside {
-    client: Client,
-}
-
-impl Aside {
-    pub async fn connect(url: &str) -> Result<Aside> {
-        let (client, connection) =
-            crate::db::connect_raw(url, "listen_database_url", "outbox-relay-wal").await?;
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        Ok(Aside { client })
-    }
-
-    /// What creating a slot on `pid` waits for: open transactions and prepared ones, oldest
-    /// first, described for the log.
-    pub async fn slot_waits_for(&self, pid: i32) -> Result<Vec<String>> {
-        let rows = self
-            .client
-            .query_typed(WAITS_FOR, &[(&pid, Type::INT4)])
-            .await?;
-        rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
-    }
-
-    /// Cancels the statement `pid` runs.
-    pub async fn cancel(&self, pid: i32) -> Result<()> {
-        self.client
-            .query_typed(CANCEL_BACKEND, &[(&pid, Type::INT4)])
-            .await?;
-        Ok(())
-    }
-}
-
-/// The WAL slot `slot` retains, in bytes (for the stats task's gauge); `None` while it does not
-/// exist.
-pub(crate) async fn slot_lag(client: &Client, slot: &str) -> Result<Option<f64>> {
-    let rows = client.query_typed(SLOT_LAG, &[(&slot, Type::TEXT)]).await?;
-    match rows.first() {
-        Some(row) => Ok(Some(row.try_get("retained_bytes")?)),
-        None => Ok(None),
     }
 }
 
