@@ -16,6 +16,7 @@ use crate::error::Result;
 use crate::event::OutboxEvent;
 use crate::timestamp::Timestamp;
 
+pub(crate) mod publication;
 pub(crate) mod wal;
 
 const CLAIM_ORDERED: &str = include_str!("../sql/queries/claim_ordered.sql");

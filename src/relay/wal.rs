@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::publisher::Publisher;
-use crate::store::wal::{AggregateKey, Candidate, Control};
+use crate::store::wal::{AggregateKey, Candidate, Control, Recheck};
 use crate::store::{OpenClaim, Store};
 use crate::wal::{Change, Stream};
 
@@ -33,6 +33,10 @@ const STANDBY_POLL: Duration = Duration::from_secs(1);
 
 /// Aggregates handed to the table looked at per sweep.
 const SWEEP_AGGREGATES: usize = 100;
+
+/// How often a streaming relay checks that its publication still publishes the outbox's inserts
+/// (pgoutput says nothing when it stops) and whether its slot is to catch up again.
+const RECHECK: Duration = Duration::from_secs(10);
 
 /// A streamed row not visible yet is claimed again after this pause. PostgreSQL writes a commit
 /// record (which the stream sends) a moment before the transaction becomes visible to others.
@@ -213,14 +217,10 @@ impl WalRelay<'_> {
                 false,
             )));
         }
-        if !state.publication_exists {
-            return Err(Stop::Fatal(Error::replication(
-                format!(
-                    "publication {} does not exist: run `outbox-relay migrate --wal`",
-                    state.publication
-                ),
-                false,
-            )));
+        if let Some(refusal) = state.published.refusal() {
+            // What is written meanwhile is in no stream: the slot catches up once it is repaired.
+            control.catch_up_again(&self.slot).await;
+            return Err(Stop::Fatal(refusal));
         }
         let mut created = false;
         match &state.slot {
@@ -283,18 +283,41 @@ impl WalRelay<'_> {
             self.url,
             state.server,
             &self.slot,
-            &state.publication,
+            (&state.publication, state.published.table_oid),
             buffer,
         )
         .await?;
         tracing::info!(slot = %self.slot, publication = %state.publication, deferred_aggregates = deferred.keys.len(), "streaming from the replication slot");
         self.metrics.wal_streaming.set(1);
         self.health.set_listener(true);
-        let result = self.stream(control, stream, deferred, shutdown).await;
+        // The stream stops (as at shutdown) when a check of the setup calls for it.
+        let watched = shutdown.child_token();
+        let slot = self.slot.clone();
+        let (result, recheck) = tokio::join!(
+            async {
+                let result = self.stream(control, stream, deferred, &watched).await;
+                watched.cancel();
+                result
+            },
+            control.watch(&slot, RECHECK, &watched),
+        );
         // A batch claimed but not published when the stream stopped (an error, a lost leadership)
         // must not keep its rows locked through the pause: its connection goes, the rows are
         // pending again for whoever streams next.
         self.stores.iter_mut().for_each(Store::reset);
+        match recheck {
+            Some(Recheck::Refuse(refusal)) => {
+                control.catch_up_again(&self.slot).await;
+                return Err(Stop::Fatal(refusal));
+            }
+            Some(Recheck::CatchUp) => {
+                return Err(Stop::Retry(Error::replication(
+                    "the slot is to catch up from the table again (`migrate --wal` repaired the publication)",
+                    true,
+                )))
+            }
+            None => {}
+        }
         result
     }
 
