@@ -279,14 +279,23 @@ impl WalRelay<'_> {
             deferred.sweep_in(Duration::ZERO);
         }
         let buffer = self.config.batch_size.saturating_mul(2);
-        let stream = Stream::start(
+        let stream = match Stream::start(
             self.url,
             state.server,
             &self.slot,
             (&state.publication, state.published.table_oid),
             buffer,
         )
-        .await?;
+        .await
+        {
+            Ok(stream) => stream,
+            Err(e) => {
+                control
+                    .drop_slot_predating(&self.slot, &state.publication, &e)
+                    .await?;
+                return Err(Stop::from(e));
+            }
+        };
         tracing::info!(slot = %self.slot, publication = %state.publication, deferred_aggregates = deferred.keys.len(), "streaming from the replication slot");
         self.metrics.wal_streaming.set(1);
         self.health.set_listener(true);
@@ -317,6 +326,11 @@ impl WalRelay<'_> {
                 )))
             }
             None => {}
+        }
+        if let Err(Stop::Retry(e)) = &result {
+            control
+                .drop_slot_predating(&self.slot, &state.publication, e)
+                .await?;
         }
         result
     }

@@ -152,6 +152,13 @@ impl Publication {
     }
 }
 
+/// Whether `error` (the replication stream's) is pgoutput not finding `publication`: it looks the
+/// publication up as of each change it decodes, so one dropped and created again after the slot's
+/// position is missing for the changes written in between, on every start of the stream.
+pub(crate) fn missing_in_stream(error: &str, publication: &str) -> bool {
+    error.contains(&format!("publication \"{publication}\" does not exist"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,5 +231,16 @@ mod tests {
             ..healthy()
         };
         assert_eq!(all_without_inserts.repair(), ["publish"]);
+    }
+
+    #[test]
+    fn pgoutputs_missing_publication_is_told_from_other_errors() {
+        let e = "replication connection: server error: publication \"outbox_relay\" does not exist (SQLSTATE 42704)";
+        assert!(missing_in_stream(e, "outbox_relay"));
+        assert!(!missing_in_stream(e, "outbox_relay_app"));
+        assert!(!missing_in_stream(
+            "replication connection: server error: terminating connection due to administrator command (SQLSTATE 57P01)",
+            "outbox_relay"
+        ));
     }
 }

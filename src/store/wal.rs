@@ -8,7 +8,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Client;
 use uuid::Uuid;
 
-use super::publication::Publication;
+use super::publication::{self, Publication};
 use super::{read_claim, ready, Claim, Statements, Stmt, Store};
 use crate::config::WalMarking;
 use crate::error::{Error, Result};
@@ -654,6 +654,41 @@ impl Control {
         }
     }
 
+    /// After the stream failed with `error`: when pgoutput did not find `publication` while it
+    /// exists now, it was dropped and created again after the slot's position, and every start of
+    /// the stream fails the same way (the slot decodes with the catalog of its past). The slot is
+    /// dropped (once its walsender let go of it): the relay creates it again and catches up from
+    /// the table, as for an invalidated slot.
+    pub async fn drop_slot_predating(
+        &self,
+        slot: &str,
+        publication: &str,
+        error: &Error,
+    ) -> Result<()> {
+        if !publication::missing_in_stream(&error.to_string(), publication)
+            || !self.publication().await?.exists
+        {
+            return Ok(());
+        }
+        tracing::error!(
+            slot,
+            publication,
+            error = %error,
+            "the replication slot cannot stream: the publication was dropped and created again after the slot's position (pgoutput looks it up as of each change it decodes, and the new one is not in the slot's past); dropping the slot, creating it again and catching up from the table: no event is lost, those written meanwhile go out in seq order"
+        );
+        let mut tries = 0;
+        loop {
+            match self.drop_slot(slot).await {
+                // object_in_use: the walsender that failed has not let go of it yet.
+                Err(e) if sqlstate_is(&e, "55006") && tries < DROP_TRIES => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                result => return result,
+            }
+        }
+    }
+
     /// The aggregates handed to the table, and those with a pending row that may not be
     /// published now (`all_pending`: with any pending row).
     pub async fn deferred(&self, all_pending: bool) -> Result<Vec<AggregateKey>> {
@@ -665,6 +700,15 @@ impl Control {
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
             .collect()
     }
+}
+
+/// Attempts at dropping a slot its walsender still holds (100 ms apart).
+const DROP_TRIES: u32 = 50;
+
+fn sqlstate_is(e: &Error, code: &str) -> bool {
+    e.as_db_error()
+        .and_then(|d| d.code())
+        .is_some_and(|c| c.code() == code)
 }
 
 /// The WAL slot `slot` retains, in bytes (for the stats task's gauge); `None` while it does not

@@ -1,6 +1,7 @@
 //! `--source wal` and a publication changed by hand. One that no longer publishes the outbox's
 //! inserts (its table dropped from it, `publish` without `insert`, another schema's table) is
-//! refused, at start and whenever the stream ends, with the fix; `migrate --wal` repairs it.
+//! refused, at start and whenever the stream ends, with the fix; `migrate --wal` repairs it. One
+//! dropped and created again under an existing slot is recovered from (the slot created again).
 //! Nothing written meanwhile is lost.
 
 use std::time::Duration;
@@ -343,5 +344,92 @@ async fn a_publication_for_all_tables_streams_the_outbox_and_ignores_other_table
     assert!(all_tables, "still for all tables");
     let relay = cli_wal(&env, &[]);
     all_out_in_order(&env, 40, Duration::from_secs(30)).await;
+    assert_eq!(relay.terminate(), Some(0));
+}
+
+/// Rows in one transaction each, `n` of them over a few aggregates, a few milliseconds apart.
+async fn write_steadily(env: &Env, n: i32) {
+    let client = env.client().await;
+    for k in 0..n {
+        client
+            .execute(
+                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+                 VALUES ('order', 'w' || ($1::int % 7), 'order.step', jsonb_build_object('k', $1::int))",
+                &[&k],
+            )
+            .await
+            .expect("insert");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The cause, as the relay logs it: pgoutput's error and what it means.
+fn assert_names_the_cause(log: &str, publication: &str) {
+    assert!(
+        log.contains(&format!("publication \"{publication}\" does not exist")),
+        "{log}"
+    );
+    assert!(log.contains("dropped and created again"), "{log}");
+}
+
+/// pgoutput reads the publication as of each change it decodes: the rows written between the drop
+/// and the create fail it ("publication does not exist") however often the stream starts again.
+/// The relay creates its slot again and catches up from the table.
+#[tokio::test]
+async fn a_publication_dropped_and_created_again_under_a_streaming_relay_is_recovered_from() {
+    let env = Env::new().await;
+    env.wal_config().await;
+    let admin = env.client().await;
+    let name = publication(&admin).await;
+    let relay = cli_wal(&env, &[]);
+    streaming(&env).await;
+    env.insert_interleaved(5, 2).await;
+    env.wait_stream_len(10, Duration::from_secs(30)).await;
+    let writer = write_steadily(&env, 200);
+    let by_hand = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        admin
+            .batch_execute(&format!("DROP PUBLICATION {name}"))
+            .await
+            .expect("drop publication");
+        env.insert_sql(3, "gap", "order.created").await;
+        admin
+            .batch_execute(&format!(
+                "CREATE PUBLICATION {name} FOR TABLE outbox_events WITH (publish = 'insert')"
+            ))
+            .await
+            .expect("create publication");
+    };
+    tokio::join!(writer, by_hand);
+    all_out_in_order(&env, 213, Duration::from_secs(60)).await;
+    assert_names_the_cause(&relay.log(), &name);
+    assert_eq!(relay.terminate(), Some(0));
+}
+
+#[tokio::test]
+async fn a_publication_dropped_and_created_again_while_the_relay_is_stopped_is_recovered_from() {
+    let env = Env::new().await;
+    env.wal_config().await;
+    let admin = env.client().await;
+    let name = publication(&admin).await;
+    let relay = cli_wal(&env, &[]);
+    streaming(&env).await;
+    env.insert_interleaved(5, 2).await;
+    env.wait_stream_len(10, Duration::from_secs(30)).await;
+    assert_eq!(relay.terminate(), Some(0));
+    admin
+        .batch_execute(&format!("DROP PUBLICATION {name}"))
+        .await
+        .expect("drop publication");
+    env.insert_interleaved(5, 2).await;
+    let out = migrate_wal(&env, &[]);
+    assert!(
+        out.contains(&format!("publication {name} created")),
+        "{out}"
+    );
+    env.insert_interleaved(5, 2).await;
+    let relay = cli_wal(&env, &[]);
+    all_out_in_order(&env, 30, Duration::from_secs(60)).await;
+    assert_names_the_cause(&relay.log(), &name);
     assert_eq!(relay.terminate(), Some(0));
 }
