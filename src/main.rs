@@ -242,9 +242,15 @@ async fn execute(cli: Cli) -> Result<(), Error> {
             let mut client = outbox_relay::connect(&url, "outbox-relay-migrate").await?;
             let applied = migrate::migrate_in(&mut client, schema).await?;
             if *wal {
-                let (name, created) = migrate::create_publication_in(&mut client, schema).await?;
-                let what = if created { "created" } else { "exists" };
-                println!("publication {name} {what}");
+                let setup = migrate::ensure_publication_in(&mut client, schema).await?;
+                let name = &setup.name;
+                match &setup.repaired {
+                    Some(problem) => println!(
+                        "publication {name} repaired ({problem}): the outbox's slots catch up from the table before they stream"
+                    ),
+                    None if setup.created => println!("publication {name} created"),
+                    None => println!("publication {name} exists"),
+                }
             }
             for role in grant_writer {
                 migrate::grant_in(&mut client, schema, role, migrate::Grantee::Writer).await?;

@@ -10,6 +10,7 @@ use tokio_postgres::{Client, GenericClient};
 
 use crate::error::{Error, Result};
 use crate::ops::transaction_in;
+use crate::source::wal::publication::Publication;
 
 /// One schema version.
 #[derive(Debug, Clone, Copy)]
@@ -109,23 +110,75 @@ const SCHEMA_EXISTS: &str = include_str!("../sql/queries/schema_exists.sql");
 const CREATE_SCHEMA: &str = include_str!("../sql/queries/create_schema.sql");
 const GRANT_WRITER: &str = include_str!("../sql/queries/grant_writer.sql");
 const GRANT_RELAY: &str = include_str!("../sql/queries/grant_relay.sql");
-const CREATE_PUBLICATION: &str = include_str!("../sql/queries/create_publication.sql");
+const CATCH_UP_AGAIN: &str = include_str!("../sql/queries/wal_catch_up_again.sql");
 
-/// Creates the publication `--source wal` streams from (`migrate --wal`), unless it exists.
-/// Returns its name and whether it was created now.
+/// Creates the publication `--source wal` streams from (`migrate --wal`), unless it exists, and
+/// repairs one that does not publish every insert into the outbox's table (see
+/// [`ensure_publication_in`]). Returns its name and whether it was created now.
 pub async fn create_publication_in(
     client: &mut Client,
     schema: Option<&str>,
 ) -> Result<(String, bool)> {
+    let setup = ensure_publication_in(client, schema).await?;
+    Ok((setup.name, setup.created))
+}
+
+/// What [`ensure_publication_in`] found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PublicationSetup {
+    /// The publication's name (`outbox_wal_publication()`).
+    pub name: String,
+    /// It did not exist: created now.
+    pub created: bool,
+    /// It existed but did not publish every insert into the outbox's table (changed by hand):
+    /// what was wrong, repaired now.
+    pub repaired: Option<String>,
+}
+
+/// Makes the publication `--source wal` streams from publish every insert into the outbox's table:
+/// creates it, or repairs one changed by hand (adds the table back, gives `publish` its inserts,
+/// drops a row filter or column list; one `FOR ALL TABLES` stays so). After a repair the outbox's
+/// slots catch up from the table before they stream, since the rows written meanwhile are in no
+/// stream. Fails naming what is wrong when it cannot repair it.
+pub async fn ensure_publication_in(
+    client: &mut Client,
+    schema: Option<&str>,
+) -> Result<PublicationSetup> {
     let tx = transaction_in(client, schema).await?;
     tx.batch_execute(LOCK).await?;
-    let row = tx.query_one(CREATE_PUBLICATION, &[]).await?;
-    let create: Option<String> = row.get("create_statement");
-    if let Some(stmt) = &create {
-        tx.batch_execute(stmt).await?;
+    let found = Publication::read(&tx).await?;
+    let problem = found.problem();
+    for stmt in found.repair() {
+        if let Err(e) = tx.batch_execute(stmt).await {
+            return Err(Error::replication(
+                format!(
+                    "{}; repairing it failed ({stmt}): {e}",
+                    problem.as_deref().unwrap_or("publication")
+                ),
+                false,
+            ));
+        }
+    }
+    if problem.is_some() {
+        if let Some(still) = Publication::read(&tx).await?.problem() {
+            return Err(Error::replication(
+                format!("{still} after `migrate --wal` repaired it: fix it by hand"),
+                false,
+            ));
+        }
+    }
+    let repaired = found.flaws_described().filter(|_| found.exists);
+    if repaired.is_some() {
+        tx.execute_typed(CATCH_UP_AGAIN, &[(&None::<&str>, Type::TEXT)])
+            .await?;
     }
     tx.commit().await?;
-    Ok((row.get("name"), create.is_some()))
+    Ok(PublicationSetup {
+        name: found.name,
+        created: !found.exists,
+        repaired,
+    })
 }
 
 /// Creates `schema` if it does not exist (for `--schema`; the connection's search_path must name it).

@@ -1,10 +1,8 @@
--- --source wal, before streaming: the server's wal_level, this outbox's publication, and slot $1
--- (NULL columns: no such slot); and where this server is (address and port as this connection
--- reached it; NULL address: a Unix socket), for the stream to reach the same one.
+-- --source wal, before streaming: the server's wal_level and slot $1 (NULL columns: no such slot);
+-- and where this server is (address and port as this connection reached it; NULL address: a Unix
+-- socket), for the stream to reach the same one. The publication: publication_state.sql.
 SELECT current_setting('wal_level') AS wal_level,
        host(inet_server_addr()) AS server_addr, inet_server_port() AS server_port,
-       outbox_wal_publication() AS publication,
-       EXISTS (SELECT FROM pg_publication WHERE pubname = outbox_wal_publication()) AS publication_exists,
        s.plugin, s.database, current_database() AS current_database, s.wal_status,
        s.active_pid,
        -- A slot whose catch-up from the table never finished (a relay died during it, or the

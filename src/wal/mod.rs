@@ -35,7 +35,10 @@ struct Columns {
 /// A running replication stream from one slot.
 pub(crate) struct Stream {
     client: ReplicationClient,
-    relations: HashMap<u32, Columns>,
+    /// `None`: a table that is not the outbox's (its rows are not events).
+    relations: HashMap<u32, Option<Columns>>,
+    /// The outbox table's oid (`None`: every table streamed is taken for it).
+    table: Option<u32>,
     /// The transaction whose changes come now (from its Begin).
     xid: u32,
 }
@@ -44,11 +47,12 @@ impl Stream {
     /// Starts streaming `slot` (from its confirmed position) with `publication`. `url` is a
     /// libpq connection string (the same forms and TLS settings as every connection of the relay).
     /// `server`: where the relay's control connection is (the stream must reach the same server).
+    /// `table`: the outbox table's oid; a publication for all tables streams others too.
     pub async fn start(
         url: &str,
         server: ServerAddr,
         slot: &str,
-        publication: &str,
+        (publication, table): (&str, Option<u32>),
         buffer_events: usize,
     ) -> Result<Stream> {
         let (config, tls) = crate::db::parse_with_tls(url, URL_FIELD)?;
@@ -61,6 +65,7 @@ impl Stream {
         Ok(Stream {
             client,
             relations: HashMap::new(),
+            table,
             xid: 0,
         })
     }
@@ -134,7 +139,10 @@ impl Stream {
                     .map_err(|e| Error::replication(e.to_string(), false))?
                 {
                     Message::Relation(relation) => {
-                        let columns = columns(&relation)?;
+                        let columns = match self.table {
+                            Some(table) if table != relation.id => None,
+                            _ => Some(columns(&relation)?),
+                        };
                         self.relations.insert(relation.id, columns);
                         None
                     }
@@ -145,7 +153,12 @@ impl Stream {
                                 false,
                             )
                         })?;
-                        Some(Change::Insert(candidate(columns, &values, self.xid, size)?))
+                        match columns {
+                            Some(columns) => {
+                                Some(Change::Insert(candidate(columns, &values, self.xid, size)?))
+                            }
+                            None => None,
+                        }
                     }
                     Message::Other(_) => None,
                 }
@@ -160,7 +173,7 @@ fn columns(relation: &Relation) -> Result<Columns> {
         relation.column(name).ok_or_else(|| {
             Error::replication(
                 format!(
-                    "the publication streams {}.{}, which has no column {name}: it must publish outbox_events only (migrate --wal)",
+                    "the publication streams {}.{} without its column {name} (a column list): run `outbox-relay migrate --wal`",
                     relation.namespace, relation.name
                 ),
                 false,

@@ -9,7 +9,7 @@ use outbox_relay::RelayConfig;
 use testkit::outbox::{assert_ledger, CliRelay, Env};
 use testkit::{wait_until, PgCluster, PgOptions};
 
-async fn drained(env: &Env, timeout: Duration) {
+pub(crate) async fn drained(env: &Env, timeout: Duration) {
     wait_until("every row processed", timeout, || async {
         env.count("processed_at IS NULL").await == 0
     })
@@ -18,7 +18,7 @@ async fn drained(env: &Env, timeout: Duration) {
 
 /// Waits until `events` messages are in the stream and no row is pending, then checks the ledger:
 /// every event published once, in per-aggregate order.
-async fn all_out_in_order(env: &Env, events: u64, timeout: Duration) {
+pub(crate) async fn all_out_in_order(env: &Env, events: u64, timeout: Duration) {
     env.wait_stream_len(events, timeout).await;
     drained(env, Duration::from_secs(30)).await;
     assert_ledger(&env.written().await, &env.stored().await);
@@ -38,7 +38,7 @@ async fn confirmed(env: &Env) -> Option<String> {
 }
 
 /// `--source wal` through the CLI, with the test's slot (its log in a file).
-fn cli_wal(env: &Env, extra: &[&str]) -> CliRelay {
+pub(crate) fn cli_wal(env: &Env, extra: &[&str]) -> CliRelay {
     let slot = env.slot_name();
     let mut args = vec!["--source", "wal", "--slot-name", slot.as_str()];
     args.extend_from_slice(extra);
@@ -400,7 +400,7 @@ async fn a_relay_standing_by_takes_over_when_the_streaming_one_dies() {
     assert_ledger(&env.written().await, &env.stored().await);
     let mut second = second;
     assert_eq!(second.check_alive(), Ok(()));
-    let log = second.log_tail();
+    let log = second.log();
     assert!(log.contains("took over the replication slot"), "{log}");
     assert_eq!(second.terminate(), Some(0));
 }

@@ -4,7 +4,10 @@
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
-use crate::error::Result;
+use std::time::Duration;
+
+use super::publication::{self, Publication};
+use crate::error::{Error, Result};
 use crate::event::AggregateKey;
 
 const DEFERRED: &str = include_str!("../../../sql/queries/deferred.sql");
@@ -12,6 +15,7 @@ const WAL_LEAD: &str = include_str!("../../../sql/queries/wal_lead.sql");
 const WAL_STATE: &str = include_str!("../../../sql/queries/wal_state.sql");
 const CREATE_SLOT: &str = include_str!("../../../sql/queries/create_slot.sql");
 const DROP_SLOT: &str = include_str!("../../../sql/queries/drop_slot.sql");
+const CATCH_UP_AGAIN: &str = include_str!("../../../sql/queries/wal_catch_up_again.sql");
 const LISTEN: &str = include_str!("../../../sql/queries/wal_listen.sql");
 const SLOT_CREATED: &str = include_str!("../../../sql/queries/slot_created.sql");
 const SLOT_CAUGHT_UP: &str = include_str!("../../../sql/queries/slot_caught_up.sql");
@@ -47,8 +51,36 @@ pub(crate) struct WalState {
     /// The server the control connection reached: the leadership and the slot live there.
     pub server: ServerAddr,
     pub publication: String,
-    pub publication_exists: bool,
+    /// What the publication publishes.
+    pub published: Publication,
     pub slot: Option<SlotInfo>,
+}
+
+impl WalState {
+    /// The slot's catch-up from the table is recorded as done.
+    fn caught_up(&self) -> bool {
+        self.slot.as_ref().is_some_and(|s| s.caught_up)
+    }
+}
+
+/// What a check while streaming calls for.
+#[derive(Debug)]
+pub(crate) enum Recheck {
+    /// The publication no longer publishes the outbox's inserts: pgoutput says nothing about it
+    /// (the stream goes on, empty). The relay refuses it, as at start.
+    Refuse(Error),
+    /// The slot's catch-up mark was taken away (`migrate --wal` repaired the publication): rows
+    /// written before the repair are in no stream, so the relay leads again and catches up.
+    CatchUp,
+}
+
+/// What `state`, read while streaming, calls for; `was_caught_up`: the slot's catch-up mark at the
+/// check before (`None`: no check before).
+pub(crate) fn recheck(state: &WalState, was_caught_up: Option<bool>) -> Option<Recheck> {
+    if let Some(refusal) = state.published.refusal() {
+        return Some(Recheck::Refuse(refusal));
+    }
+    (was_caught_up == Some(true) && !state.caught_up()).then_some(Recheck::CatchUp)
 }
 
 #[derive(Debug, Clone)]
@@ -123,14 +155,15 @@ impl Control {
         let exists = plugin.is_some() || database.is_some();
         let addr: Option<String> = row.try_get("server_addr")?;
         let port: Option<i32> = row.try_get("server_port")?;
+        let published = self.publication().await?;
         Ok(WalState {
             wal_level: row.try_get("wal_level")?,
             server: ServerAddr {
                 ip: addr.and_then(|a| a.parse().ok()),
                 port: port.and_then(|p| u16::try_from(p).ok()),
             },
-            publication: row.try_get("publication")?,
-            publication_exists: row.try_get("publication_exists")?,
+            publication: published.name.clone(),
+            published,
             slot: exists.then(|| SlotInfo {
                 plugin,
                 other_database: database.filter(|d| *d != current),
@@ -168,6 +201,87 @@ impl Control {
         Ok(())
     }
 
+    /// This outbox's publication, as it is now.
+    pub async fn publication(&self) -> Result<Publication> {
+        Publication::read(&self.client).await
+    }
+
+    /// `slot` catches up from the table again before it streams: rows written while the
+    /// publication did not publish them are in no stream. Best effort (the relay is refusing the
+    /// publication; `migrate --wal` does this too when it repairs it).
+    pub async fn catch_up_again(&self, slot: &str) {
+        let result = self
+            .client
+            .query_typed(CATCH_UP_AGAIN, &[(&Some(slot), Type::TEXT)])
+            .await;
+        if let Err(e) = result {
+            tracing::warn!(error = %e, slot, "could not mark the slot to catch up from the table again");
+        }
+    }
+
+    /// While `slot` streams: checks the setup now and every `every` until `stop`, and cancels
+    /// `stop` when a check calls for it (see [`recheck`]). A failed check is left to the stream's
+    /// own handling of a lost connection.
+    pub async fn watch(
+        &self,
+        slot: &str,
+        every: Duration,
+        stop: &tokio_util::sync::CancellationToken,
+    ) -> Option<Recheck> {
+        let mut caught_up = None;
+        loop {
+            match self.state(slot).await {
+                Ok(state) => {
+                    if let Some(verdict) = recheck(&state, caught_up) {
+                        stop.cancel();
+                        return Some(verdict);
+                    }
+                    caught_up = Some(state.caught_up());
+                }
+                Err(e) => tracing::debug!(error = %e, "checking the publication failed"),
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return None,
+                _ = tokio::time::sleep(every) => {}
+            }
+        }
+    }
+
+    /// After the stream failed with `error`: when pgoutput did not find `publication` while it
+    /// exists now, it was dropped and created again after the slot's position, and every start of
+    /// the stream fails the same way (the slot decodes with the catalog of its past). The slot is
+    /// dropped (once its walsender let go of it): the relay creates it again and catches up from
+    /// the table, as for an invalidated slot.
+    pub async fn drop_slot_predating(
+        &self,
+        slot: &str,
+        publication: &str,
+        error: &Error,
+    ) -> Result<()> {
+        if !publication::missing_in_stream(&error.to_string(), publication)
+            || !self.publication().await?.exists
+        {
+            return Ok(());
+        }
+        tracing::error!(
+            slot,
+            publication,
+            error = %error,
+            "the replication slot cannot stream: the publication was dropped and created again after the slot's position (pgoutput looks it up as of each change it decodes, and the new one is not in the slot's past); dropping the slot, creating it again and catching up from the table: no event is lost, those written meanwhile go out in seq order"
+        );
+        let mut tries = 0;
+        loop {
+            match self.drop_slot(slot).await {
+                // object_in_use: the walsender that failed has not let go of it yet.
+                Err(e) if sqlstate_is(&e, "55006") && tries < DROP_TRIES => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                result => return result,
+            }
+        }
+    }
+
     /// The aggregates handed to the table, and those with a pending row that may not be
     /// published now (`all_pending`: with any pending row).
     pub async fn deferred(&self, all_pending: bool) -> Result<Vec<AggregateKey>> {
@@ -179,6 +293,15 @@ impl Control {
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
             .collect()
     }
+}
+
+/// Attempts at dropping a slot its walsender still holds (100 ms apart).
+const DROP_TRIES: u32 = 50;
+
+fn sqlstate_is(e: &Error, code: &str) -> bool {
+    e.as_db_error()
+        .and_then(|d| d.code())
+        .is_some_and(|c| c.code() == code)
 }
 
 /// A short connection beside the control connection while that one waits in a statement: what
@@ -223,5 +346,55 @@ pub(crate) async fn slot_lag(client: &Client, slot: &str) -> Result<Option<f64>>
     match rows.first() {
         Some(row) => Ok(Some(row.try_get("retained_bytes")?)),
         None => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(publication_exists: bool, caught_up: Option<bool>) -> WalState {
+        WalState {
+            wal_level: "logical".into(),
+            server: ServerAddr::default(),
+            publication: "outbox_relay".into(),
+            published: Publication {
+                name: "outbox_relay".into(),
+                exists: publication_exists,
+                inserts: publication_exists,
+                lists_table: publication_exists,
+                ..Publication::default()
+            },
+            slot: caught_up.map(|caught_up| SlotInfo {
+                plugin: Some("pgoutput".into()),
+                other_database: None,
+                wal_status: Some("reserved".into()),
+                active_pid: None,
+                caught_up,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_check_while_streaming_refuses_a_broken_publication_and_catches_up_when_told_to() {
+        assert!(recheck(&state(true, Some(true)), None).is_none());
+        assert!(recheck(&state(true, Some(true)), Some(true)).is_none());
+        assert!(matches!(
+            recheck(&state(false, Some(true)), Some(true)),
+            Some(Recheck::Refuse(_))
+        ));
+        // The mark taken away since the check before (`migrate --wal` repaired the publication),
+        // or the slot gone.
+        assert!(matches!(
+            recheck(&state(true, Some(false)), Some(true)),
+            Some(Recheck::CatchUp)
+        ));
+        assert!(matches!(
+            recheck(&state(true, None), Some(true)),
+            Some(Recheck::CatchUp)
+        ));
+        // A slot never marked (created by hand: no row) does not start over at every check.
+        assert!(recheck(&state(true, Some(false)), None).is_none());
+        assert!(recheck(&state(true, Some(false)), Some(false)).is_none());
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::control::{Aside, Control};
+use super::control::{Aside, Control, Recheck};
 use super::{Stop, WalSource};
 use crate::error::{Error, Result};
 use crate::relay::batch::run_claim;
@@ -15,6 +15,10 @@ use crate::wal::Stream;
 
 /// How often a relay standing by asks for the leadership.
 const STANDBY_POLL: Duration = Duration::from_secs(1);
+
+/// How often a streaming relay checks that its publication still publishes the outbox's inserts
+/// (pgoutput says nothing when it stops) and whether its slot is to catch up again.
+const RECHECK: Duration = Duration::from_secs(10);
 
 /// While the slot's creation waits: the first word on what it waits for, then how often again.
 const SLOT_WAIT_FIRST_LOG: Duration = Duration::from_secs(1);
@@ -110,14 +114,10 @@ impl WalSource<'_> {
                 false,
             )));
         }
-        if !state.publication_exists {
-            return Err(Stop::Fatal(Error::replication(
-                format!(
-                    "publication {} does not exist: run `outbox-relay migrate --wal`",
-                    state.publication
-                ),
-                false,
-            )));
+        if let Some(refusal) = state.published.refusal() {
+            // What is written meanwhile is in no stream: the slot catches up once it is repaired.
+            control.catch_up_again(&self.slot).await;
+            return Err(Stop::Fatal(refusal));
         }
         let mut created = false;
         match &state.slot {
@@ -178,24 +178,60 @@ impl WalSource<'_> {
             self.url,
             state.server,
             &self.slot,
-            &state.publication,
+            (&state.publication, state.published.table_oid),
             buffer,
         );
         let Some(stream) = until_shutdown(shutdown, start).await else {
             tracing::info!(slot = %self.slot, "stopped while the replication stream was starting");
             return Ok(());
         };
-        let stream = stream?;
+        let stream = match stream {
+            Ok(stream) => stream,
+            Err(e) => {
+                control
+                    .drop_slot_predating(&self.slot, &state.publication, &e)
+                    .await?;
+                return Err(Stop::from(e));
+            }
+        };
         tracing::info!(slot = %self.slot, publication = %state.publication, deferred_aggregates = held.len(), "streaming from the replication slot");
         self.metrics.wal_streaming.set(1);
         self.health.set_stream(true);
-        let result = self.stream(control, stream, held, shutdown).await;
+        // The stream stops (as at shutdown) when a check of the setup calls for it.
+        let watched = shutdown.child_token();
+        let slot = self.slot.clone();
+        let (result, recheck) = tokio::join!(
+            async {
+                let result = self.stream(control, stream, held, &watched).await;
+                watched.cancel();
+                result
+            },
+            control.watch(&slot, RECHECK, &watched),
+        );
         // A batch claimed but not published when the stream stopped (an error, a lost leadership)
         // must not keep its rows locked through the pause: its connection goes, the rows are
         // pending again for whoever streams next.
         self.stores
             .iter_mut()
             .for_each(super::store::WalStore::reset);
+        match recheck {
+            Some(Recheck::Refuse(refusal)) => {
+                control.catch_up_again(&self.slot).await;
+                return Err(Stop::Fatal(refusal));
+            }
+            Some(Recheck::CatchUp) => {
+                return Err(Stop::Retry(Error::replication(
+                    "the slot is to catch up from the table again (`migrate --wal` repaired the publication)",
+                    true,
+                )))
+            }
+            None => {}
+        }
+        if let Err(Stop::Retry(e)) = &result {
+            control
+                .drop_slot_predating(&self.slot, &state.publication, e)
+                .await?;
+        }
         result
     }
 

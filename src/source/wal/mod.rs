@@ -7,6 +7,8 @@
 //!   claimed), performing what `pipeline` decides.
 //! - `pipeline`: the pure state machine of streamed rows, batches in flight, the aggregates the
 //!   table holds and the position the slot may confirm.
+//! - `publication`: whether this outbox's publication publishes every insert of its table, and
+//!   how `migrate --wal` makes it so.
 //! - `store`: the worker connections' claims by id, sweeps and records; `control`: the control
 //!   connection (leadership, the slot, the aggregates the table holds).
 //! - `sweep`: publishes the events of aggregates the table holds, in seq order, and takes them
@@ -16,6 +18,7 @@ pub(crate) mod control;
 mod driver;
 mod leader;
 pub(crate) mod pipeline;
+pub(crate) mod publication;
 pub(crate) mod store;
 mod sweep;
 
