@@ -158,6 +158,50 @@ impl Env {
         }
     }
 
+    /// The config of `source`, ready to relay what is written from now on: for `Source::Wal`,
+    /// [`Env::wal_config`] with the slot created and its catch-up marked done, so that rows
+    /// written next are streamed (not caught up from the table).
+    pub async fn source_config(&self, source: outbox_relay::Source) -> RelayConfig {
+        match source {
+            outbox_relay::Source::Notify => self.config(),
+            outbox_relay::Source::Wal => {
+                let config = self.wal_config().await;
+                let slot = self.slot_name();
+                let client = self.client().await;
+                client
+                    .execute(
+                        "SELECT pg_create_logical_replication_slot($1, 'pgoutput')
+                         WHERE NOT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)",
+                        &[&slot],
+                    )
+                    .await
+                    .expect("create the slot");
+                client
+                    .execute(
+                        "INSERT INTO outbox_wal_slots (slot_name, caught_up_at) VALUES ($1, now())
+                         ON CONFLICT (slot_name) DO UPDATE SET caught_up_at = now()",
+                        &[&slot],
+                    )
+                    .await
+                    .expect("mark the slot caught up");
+                config
+            }
+        }
+    }
+
+    /// The CLI arguments of `source` for a relay of [`Env::source_config`].
+    pub fn source_args(&self, source: outbox_relay::Source) -> Vec<String> {
+        match source {
+            outbox_relay::Source::Notify => Vec::new(),
+            outbox_relay::Source::Wal => vec![
+                "--source".into(),
+                "wal".into(),
+                "--slot-name".into(),
+                self.slot_name(),
+            ],
+        }
+    }
+
     /// The slot [`Env::wal_config`] names: the database's name.
     pub fn slot_name(&self) -> String {
         self.db

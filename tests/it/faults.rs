@@ -1,9 +1,9 @@
-//! Fault injection: each scenario checks the ledger (nothing lost, nothing stored twice,
-//! per-aggregate order intact) against real PostgreSQL and nats-server.
+//! Fault injection, for both sources: each scenario checks the ledger (nothing lost, nothing
+//! stored twice, per-aggregate order intact) against real PostgreSQL and nats-server.
 
 use std::time::Duration;
 
-use outbox_relay::RelayConfig;
+use outbox_relay::{RelayConfig, Source};
 use testkit::outbox::{assert_ledger, CliRelay, Env, RunningRelay};
 use testkit::{wait_until, PgCluster, PgOptions};
 
@@ -31,15 +31,27 @@ async fn all_delivered_in_order(
     }
 }
 
-#[tokio::test]
-async fn relay_sigkilled_at_random_points_ten_times() {
+for_each_source!(
+    relay_sigkilled_at_random_points_ten_times,
+    broker_down_for_ten_seconds_while_writers_write,
+    relay_connections_terminated_repeatedly_during_a_drain,
+    postgres_restarted_during_a_drain,
+    three_relays_keep_per_aggregate_order,
+    few_deep_aggregates_drain_in_order_with_two_relays,
+);
+
+async fn relay_sigkilled_at_random_points_ten_times(source: Source) {
     let env = Env::new().await;
+    env.source_config(source).await;
+    let args = env.source_args(source);
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    args.extend(["--batch-size", "500"]);
     env.insert_interleaved(500, 40).await; // 20,000 events
     let seed = fastrand::u64(..);
     eprintln!("kill points seed: {seed}");
     let mut rng = fastrand::Rng::with_seed(seed);
     for round in 0..10 {
-        let relay = CliRelay::run(&env, &["--batch-size", "500"]);
+        let relay = CliRelay::run(&env, &args);
         // Wait until it has started working, then kill it at a random point.
         let before = env.count("processed_at IS NOT NULL").await;
         wait_until(
@@ -54,16 +66,15 @@ async fn relay_sigkilled_at_random_points_ten_times() {
         tokio::time::sleep(Duration::from_millis(rng.u64(0..150))).await; // the random kill point
         relay.kill();
     }
-    let relay = CliRelay::run(&env, &["--batch-size", "500"]);
+    let relay = CliRelay::run(&env, &args);
     drained(&env, Duration::from_secs(90)).await;
     assert_ledger(&env.written().await, &env.stored().await);
     assert_eq!(relay.terminate(), Some(0));
 }
 
-#[tokio::test]
-async fn broker_down_for_ten_seconds_while_writers_write() {
+async fn broker_down_for_ten_seconds_while_writers_write(source: Source) {
     let mut env = Env::new().await;
-    let mut config = env.config();
+    let mut config = env.source_config(source).await;
     config.fallback_interval = Duration::from_secs(1);
     config.max_attempts = 3; // an outage must not spend attempts, or this would dead-letter
     let relay = env.spawn(config).await;
@@ -101,11 +112,10 @@ async fn broker_down_for_ten_seconds_while_writers_write() {
     relay.stop().await;
 }
 
-#[tokio::test]
-async fn relay_connections_terminated_repeatedly_during_a_drain() {
+async fn relay_connections_terminated_repeatedly_during_a_drain(source: Source) {
     let env = Env::new().await;
+    let mut config = env.source_config(source).await;
     env.insert_interleaved(400, 50).await; // 20,000 events
-    let mut config = env.config();
     config.batch_size = 500;
     config.fallback_interval = Duration::from_secs(1);
     let relay = env.spawn(config).await;
@@ -120,15 +130,14 @@ async fn relay_connections_terminated_repeatedly_during_a_drain() {
     relay.stop().await;
 }
 
-#[tokio::test]
-async fn postgres_restarted_during_a_drain() {
+async fn postgres_restarted_during_a_drain(source: Source) {
     // A cluster of its own: restarting the shared one would disturb the other tests.
     let mut pg = tokio::task::spawn_blocking(|| PgCluster::start(PgOptions::default()))
         .await
         .expect("start cluster");
     let env = Env::on(&pg).await;
+    let mut config: RelayConfig = env.source_config(source).await;
     env.insert_interleaved(400, 50).await;
-    let mut config: RelayConfig = env.config();
     config.batch_size = 200;
     config.fallback_interval = Duration::from_secs(1);
     let relay = env.spawn(config).await;
@@ -148,10 +157,9 @@ async fn postgres_restarted_during_a_drain() {
     drop(pg);
 }
 
-#[tokio::test]
-async fn three_relays_keep_per_aggregate_order() {
+async fn three_relays_keep_per_aggregate_order(source: Source) {
     let env = Env::new().await;
-    let mut config = env.config();
+    let mut config = env.source_config(source).await;
     // Batches wider than the 200 interleaved aggregates put several events of one aggregate into
     // the batches of different relays at once: the case ordering must handle.
     config.batch_size = 300;
@@ -203,11 +211,10 @@ async fn three_relays_keep_per_aggregate_order() {
 /// Few aggregates, each with a deep backlog: the relays find heads by hopping between aggregates
 /// (the seq walk would visit every pending row per claim). Two relays side by side, batches wider
 /// than the number of aggregates: order per aggregate holds and every event arrives once.
-#[tokio::test]
-async fn few_deep_aggregates_drain_in_order_with_two_relays() {
+async fn few_deep_aggregates_drain_in_order_with_two_relays(source: Source) {
     let env = Env::new().await;
+    let mut config = env.source_config(source).await;
     env.insert_interleaved(4, 1_500).await; // 6,000 events
-    let mut config = env.config();
     config.batch_size = 500;
     let relays = vec![env.spawn(config.clone()).await, env.spawn(config).await];
     all_delivered_in_order(&env, 6_000, relays, Duration::from_secs(90)).await;

@@ -5,6 +5,27 @@
 //! `cargo test --test it` runs them all, `cargo test --test it relay::` one module. The modules of
 //! the optional features run with `cargo test --all-features --test it -- otel:: sqlx_writer::`.
 
+/// Runs each `async fn name(source: Source)` for both sources, as the tests `name::notify` (the
+/// table source) and `name::wal`: every guarantee holds for both (for the wal source with its slot in place, so that
+/// the rows written are streamed).
+macro_rules! for_each_source {
+    ($($name:ident),+ $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test]
+                async fn notify() {
+                    super::$name(outbox_relay::Source::Notify).await
+                }
+
+                #[tokio::test]
+                async fn wal() {
+                    super::$name(outbox_relay::Source::Wal).await
+                }
+            }
+        )+
+    };
+}
+
 mod arbitrary_rows;
 mod cli;
 mod cluster;
