@@ -285,6 +285,7 @@ impl WalRelay<'_> {
             &self.slot,
             &state.publication,
             buffer,
+            self.config.max_batch_bytes,
         )
         .await?;
         tracing::info!(slot = %self.slot, publication = %state.publication, deferred_aggregates = deferred.keys.len(), "streaming from the replication slot");

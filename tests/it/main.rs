@@ -29,6 +29,7 @@ mod sqlx_writer;
 mod tls;
 mod wakeup;
 mod wal;
+mod wal_memory;
 
 /// The harness runs the binary cargo built for this test target.
 #[test]

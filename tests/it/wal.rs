@@ -9,7 +9,7 @@ use outbox_relay::RelayConfig;
 use testkit::outbox::{assert_ledger, CliRelay, Env};
 use testkit::{wait_until, PgCluster, PgOptions};
 
-async fn drained(env: &Env, timeout: Duration) {
+pub(crate) async fn drained(env: &Env, timeout: Duration) {
     wait_until("every row processed", timeout, || async {
         env.count("processed_at IS NULL").await == 0
     })
@@ -38,7 +38,7 @@ async fn confirmed(env: &Env) -> Option<String> {
 }
 
 /// `--source wal` through the CLI, with the test's slot (its log in a file).
-fn cli_wal(env: &Env, extra: &[&str]) -> CliRelay {
+pub(crate) fn cli_wal(env: &Env, extra: &[&str]) -> CliRelay {
     let slot = env.slot_name();
     let mut args = vec!["--source", "wal", "--slot-name", slot.as_str()];
     args.extend_from_slice(extra);
@@ -46,7 +46,7 @@ fn cli_wal(env: &Env, extra: &[&str]) -> CliRelay {
 }
 
 /// Waits until a relay streams from the test's slot (past creating it and catching up).
-async fn streaming(env: &Env) {
+pub(crate) async fn streaming(env: &Env) {
     let client = env.client().await;
     wait_until(
         "a relay streams from the slot",
