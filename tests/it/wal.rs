@@ -18,7 +18,7 @@ pub(crate) async fn drained(env: &Env, timeout: Duration) {
 
 /// Waits until `events` messages are in the stream and no row is pending, then checks the ledger:
 /// every event published once, in per-aggregate order.
-async fn all_out_in_order(env: &Env, events: u64, timeout: Duration) {
+pub(crate) async fn all_out_in_order(env: &Env, events: u64, timeout: Duration) {
     env.wait_stream_len(events, timeout).await;
     drained(env, Duration::from_secs(30)).await;
     assert_ledger(&env.written().await, &env.stored().await);
