@@ -8,10 +8,11 @@ pub(crate) mod pgoutput;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use futures::FutureExt;
 use pgwire_replication::{
     Lsn, PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent, SslMode, TlsConfig,
 };
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
 use tokio_postgres::config::Host;
 use uuid::Uuid;
 
@@ -33,8 +34,203 @@ struct Columns {
 }
 
 /// A running replication stream from one slot.
+///
+/// A task of its own (the pump) takes each message from the replication client as it arrives and
+/// decodes it at once: an insert keeps its id and aggregate, and the row's bytes go. What waits
+/// for the relay is decoded changes (`buffer_events` at most, about a hundred bytes each whatever
+/// the rows hold), never the rows: a transaction of any size is held as its candidates. The rows
+/// waiting undecoded in the client are bounded by [`raw_events`] (from the batch byte budget).
 pub(crate) struct Stream {
-    client: ReplicationClient,
+    changes: mpsc::Receiver<Result<Change>>,
+    /// The position the relay is done with, for the pump to hand to the client.
+    confirmed: watch::Sender<u64>,
+    /// Tells the pump to stop (dropped: stop as well).
+    stop: Option<oneshot::Sender<()>>,
+    pump: Option<JoinHandle<()>>,
+}
+
+impl Stream {
+    /// Starts streaming `slot` (from its confirmed position) with `publication`. `url` is a
+    /// libpq connection string (the same forms and TLS settings as every connection of the relay).
+    /// `server`: where the relay's control connection is (the stream must reach the same server).
+    /// `table`: the outbox table's oid; a publication for all tables streams others too.
+    /// `buffer_events`: decoded changes held for the relay; `max_bytes`: the byte budget of a
+    /// batch, which bounds the rows held undecoded ([`raw_events`]).
+    pub async fn start(
+        url: &str,
+        server: ServerAddr,
+        slot: &str,
+        (publication, table): (&str, Option<u32>),
+        buffer_events: usize,
+        max_bytes: usize,
+    ) -> Result<Stream> {
+        let (config, tls) = crate::db::parse_with_tls(url, URL_FIELD)?;
+        let target = stream_host(&config, server).await;
+        let raw = raw_events(max_bytes, buffer_events);
+        let config = replication_config(&config, &tls, target, (slot, publication), raw)?;
+        let mut client = ReplicationClient::connect(config)
+            .await
+            .map_err(replication_error)?;
+        client.wait_started().await.map_err(replication_error)?;
+        let (changes_tx, changes) = mpsc::channel(buffer_events.max(1));
+        let (confirmed, confirmed_rx) = watch::channel(0);
+        let (stop, stop_rx) = oneshot::channel();
+        let decoder = Decoder {
+            relations: HashMap::new(),
+            table,
+            xid: 0,
+        };
+        let pump = tokio::spawn(pump(client, decoder, changes_tx, confirmed_rx, stop_rx));
+        Ok(Stream {
+            changes,
+            confirmed,
+            stop: Some(stop),
+            pump: Some(pump),
+        })
+    }
+
+    /// The next change, waiting for it. `None`: the server ended the stream.
+    pub async fn next(&mut self) -> Result<Option<Change>> {
+        self.changes.recv().await.transpose()
+    }
+
+    /// The next change if one is there already (`None`: nothing without waiting).
+    pub fn ready(&mut self) -> Result<Option<Change>> {
+        match self.changes.try_recv() {
+            Ok(change) => change.map(Some),
+            Err(mpsc::error::TryRecvError::Empty) => Ok(None),
+            Err(mpsc::error::TryRecvError::Disconnected) => {
+                Err(Error::replication("the server ended the stream", true))
+            }
+        }
+    }
+
+    /// Everything up to `lsn` is done with: the slot may move past it (sent with the next
+    /// standby status update).
+    pub fn confirm(&self, lsn: u64) {
+        self.confirmed.send_if_modified(|at| {
+            let newer = lsn > *at;
+            if newer {
+                *at = lsn;
+            }
+            newer
+        });
+    }
+
+    /// Ends the stream cleanly (the last confirmed position reaches the server), within a bound.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(mut pump) = self.pump.take() {
+            // The pump bounds the client's shutdown itself; this bounds the pump.
+            if tokio::time::timeout(STOP_TIMEOUT + Duration::from_secs(1), &mut pump)
+                .await
+                .is_err()
+            {
+                pump.abort();
+            }
+        }
+    }
+}
+
+/// How long the client may take to end the stream cleanly.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The capacity of the replication client's channel: the messages it reads ahead of the pump,
+/// each with its whole row (the client bounds its channel by count only). Derived from the byte
+/// budget of a batch: rows of [`RAW_ROW_BYTES`] fill at most a quarter of it, 8 at the default
+/// 32 MiB; at least 1, at most `buffer_events`. Besides these, the client holds the message it is
+/// handing over and the one it reads. The channel is empty while the pump keeps up: it fills only
+/// once `buffer_events` decoded changes wait for the relay.
+fn raw_events(max_bytes: usize, buffer_events: usize) -> usize {
+    (max_bytes / (4 * RAW_ROW_BYTES)).clamp(1, buffer_events.max(1))
+}
+
+/// The row size [`raw_events`] plans for: 1 MiB, NATS's default `max_payload` (the largest event
+/// it takes by default).
+const RAW_ROW_BYTES: usize = 1024 * 1024;
+
+/// Takes the client's messages as they come, decodes them and hands the changes to the
+/// [`Stream`] (waiting while it holds `buffer_events`); hands the confirmed position to the client.
+/// Ends with the stream (after an error, sent on), when told to stop, or when the stream is gone.
+async fn pump(
+    mut client: ReplicationClient,
+    mut decoder: Decoder,
+    changes: mpsc::Sender<Result<Change>>,
+    mut confirmed: watch::Receiver<u64>,
+    mut stop: oneshot::Receiver<()>,
+) {
+    loop {
+        // A confirmation may cut a receive short: harmless while the worker runs (a channel
+        // receive). Once the worker ended, the receive also takes its outcome, which can be taken
+        // once: it is not cut short then.
+        let event = if client.is_running() {
+            tokio::select! {
+                biased;
+                _ = &mut stop => break,
+                Ok(()) = confirmed.changed() => {
+                    client.update_applied_lsn(Lsn::from_u64(*confirmed.borrow_and_update()));
+                    continue;
+                }
+                event = client.recv() => event,
+            }
+        } else {
+            client.recv().await
+        };
+        let change = match event {
+            Ok(None) => return,
+            Ok(Some(event)) => match decoder.change(event) {
+                Ok(None) => continue,
+                Ok(Some(change)) => Ok(change),
+                Err(e) => Err(e),
+            },
+            // After the worker ended (its outcome possibly lost to a receive cut short just as
+            // it ended): the connection ended, and a new one heals it.
+            Err(e @ PgWireError::Internal(_)) if !client.is_running() => Err(Error::replication(
+                crate::db::redact(&format!("replication connection ended: {e}")),
+                true,
+            )),
+            Err(e) => Err(replication_error(e)),
+        };
+        let failed = change.is_err();
+        let permit = loop {
+            tokio::select! {
+                biased;
+                _ = &mut stop => {
+                    shut_down(client, &confirmed).await;
+                    return;
+                }
+                Ok(()) = confirmed.changed() => {
+                    client.update_applied_lsn(Lsn::from_u64(*confirmed.borrow_and_update()));
+                }
+                permit = changes.reserve() => match permit {
+                    Ok(permit) => break permit,
+                    Err(_) => return, // the stream is gone
+                },
+            }
+        };
+        permit.send(change);
+        if failed {
+            return;
+        }
+    }
+    shut_down(client, &confirmed).await;
+}
+
+/// Hands the last confirmed position to the client and ends its stream, within [`STOP_TIMEOUT`].
+async fn shut_down(mut client: ReplicationClient, confirmed: &watch::Receiver<u64>) {
+    client.update_applied_lsn(Lsn::from_u64(*confirmed.borrow()));
+    if tokio::time::timeout(STOP_TIMEOUT, client.shutdown())
+        .await
+        .is_err()
+    {
+        client.abort();
+    }
+}
+
+/// Turns the client's events into changes.
+struct Decoder {
     /// `None`: a table that is not the outbox's (its rows are not events).
     relations: HashMap<u32, Option<Columns>>,
     /// The outbox table's oid (`None`: every table streamed is taken for it).
@@ -43,84 +239,7 @@ pub(crate) struct Stream {
     xid: u32,
 }
 
-impl Stream {
-    /// Starts streaming `slot` (from its confirmed position) with `publication`. `url` is a
-    /// libpq connection string (the same forms and TLS settings as every connection of the relay).
-    /// `server`: where the relay's control connection is (the stream must reach the same server).
-    /// `table`: the outbox table's oid; a publication for all tables streams others too.
-    pub async fn start(
-        url: &str,
-        server: ServerAddr,
-        slot: &str,
-        (publication, table): (&str, Option<u32>),
-        buffer_events: usize,
-    ) -> Result<Stream> {
-        let (config, tls) = crate::db::parse_with_tls(url, URL_FIELD)?;
-        let target = stream_host(&config, server).await;
-        let config = replication_config(&config, &tls, target, (slot, publication), buffer_events)?;
-        let mut client = ReplicationClient::connect(config)
-            .await
-            .map_err(replication_error)?;
-        client.wait_started().await.map_err(replication_error)?;
-        Ok(Stream {
-            client,
-            relations: HashMap::new(),
-            table,
-            xid: 0,
-        })
-    }
-
-    /// The next change, waiting for it. `None`: the server ended the stream.
-    pub async fn next(&mut self) -> Result<Option<Change>> {
-        loop {
-            let event = self.client.recv().await.map_err(replication_error)?;
-            match event {
-                None => return Ok(None),
-                Some(event) => {
-                    if let Some(change) = self.change(event)? {
-                        return Ok(Some(change));
-                    }
-                }
-            }
-        }
-    }
-
-    /// The next change if one is there already (`None`: nothing without waiting).
-    pub fn ready(&mut self) -> Result<Option<Change>> {
-        loop {
-            // Outside tokio's cooperative budget, which would report "not ready" after 128
-            // receives (to make the task yield) and so end every batch there.
-            let Some(event) = tokio::task::unconstrained(self.client.recv()).now_or_never() else {
-                return Ok(None);
-            };
-            match event.map_err(replication_error)? {
-                None => return Err(Error::replication("the server ended the stream", true)),
-                Some(event) => {
-                    if let Some(change) = self.change(event)? {
-                        return Ok(Some(change));
-                    }
-                }
-            }
-        }
-    }
-
-    /// Everything up to `lsn` is done with: the slot may move past it (sent with the next
-    /// standby status update).
-    pub fn confirm(&self, lsn: u64) {
-        self.client.update_applied_lsn(Lsn::from_u64(lsn));
-    }
-
-    /// Ends the stream cleanly (the last confirmed position reaches the server), within a bound.
-    pub async fn stop(mut self) {
-        let stop = self.client.shutdown();
-        if tokio::time::timeout(Duration::from_secs(5), stop)
-            .await
-            .is_err()
-        {
-            self.client.abort();
-        }
-    }
-
+impl Decoder {
     fn change(&mut self, event: ReplicationEvent) -> Result<Option<Change>> {
         Ok(match event {
             ReplicationEvent::Begin { xid, .. } => {
@@ -312,7 +431,7 @@ fn replication_config(
     tls: &TlsSettings,
     target: Target,
     (slot, publication): (&str, &str),
-    buffer_events: usize,
+    raw_events: usize,
 ) -> Result<ReplicationConfig> {
     let field = URL_FIELD;
     let user = config
@@ -337,7 +456,7 @@ fn replication_config(
             // it can recycle); idle, a keepalive at least every 10 s.
             .with_status_interval(Duration::from_secs(1))
             .with_wakeup_interval(Duration::from_secs(10))
-            .with_buffer_size(buffer_events.max(16));
+            .with_buffer_size(raw_events);
     if let Some(options) = config.get_options() {
         replication = replication.with_options(options);
     }
@@ -389,6 +508,18 @@ fn replication_error(e: PgWireError) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_rows_read_ahead_take_a_quarter_of_the_byte_budget() {
+        const MIB: usize = 1024 * 1024;
+        assert_eq!(raw_events(32 * MIB, 2000), 8);
+        assert_eq!(raw_events(64 * MIB, 2000), 16);
+        // At least one, at most what the relay holds decoded.
+        assert_eq!(raw_events(1, 2000), 1);
+        assert_eq!(raw_events(4 * MIB - 1, 2000), 1);
+        assert_eq!(raw_events(1024 * MIB, 20), 20);
+        assert_eq!(raw_events(32 * MIB, 0), 1);
+    }
 
     async fn target_for(url: &str, ip: Option<&str>, port: Option<u16>) -> Target {
         let config: tokio_postgres::Config = url.parse().expect("a connection string");

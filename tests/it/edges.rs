@@ -311,7 +311,8 @@ async fn a_payload_over_max_payload_is_dead_lettered_at_once() {
     relay.stop().await;
 }
 
-fn peak_rss_kb(pid: u32) -> Option<u64> {
+/// The peak resident set size (`VmHWM`) of process `pid`, in kB.
+pub(crate) fn peak_rss_kb(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()

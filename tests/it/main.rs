@@ -50,6 +50,7 @@ mod sqlx_writer;
 mod tls;
 mod wakeup;
 mod wal;
+mod wal_memory;
 mod wal_publication;
 mod wal_visibility;
 

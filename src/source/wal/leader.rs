@@ -180,6 +180,7 @@ impl WalSource<'_> {
             &self.slot,
             (&state.publication, state.published.table_oid),
             buffer,
+            self.config.max_batch_bytes,
         );
         let Some(stream) = until_shutdown(shutdown, start).await else {
             tracing::info!(slot = %self.slot, "stopped while the replication stream was starting");
