@@ -1,4 +1,4 @@
-//! PostgreSQL connections: URL parsing, keepalives, redaction. Queries live in [`crate::store`],
+//! PostgreSQL connections: URL parsing, keepalives, redaction. Queries live in [`crate::source::table::store`],
 //! [`crate::migrate`] and [`crate::ops`]; their SQL in `sql/`.
 
 pub(crate) mod conninfo;

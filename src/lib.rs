@@ -21,17 +21,20 @@
 //!   (connections as the relay makes them; connection strings with passwords hidden).
 //!
 //! Private (the relay's inside):
-//! - `relay`: `Relay` (start-up, side tasks, hand-over), `relay::processor` (drain, arm, wait,
-//!   drain), `relay::batch` (claim, publish, settle, record).
+//! - `relay`: what both sources share: `Relay` (start-up waits, side tasks, shutdown and
+//!   hand-over), `relay::batch` (publish, settle under the policy, record), recovery and backoff
+//!   after a failed batch.
+//! - `source::table` (`--source notify`): `processor` (drain, arm, wait, drain), `listener`
+//!   (LISTEN/NOTIFY, arming), `signals` (wake reasons, the arming state machine), `store` (the
+//!   worker connection and the claim from the table, `sql/queries`).
+//! - `source::wal` (`--source wal`): `leader` (leadership, setup and slot checks, catch-up),
+//!   `driver` (pipelined batches), `pipeline` (the pure state machine of streamed rows, batches and
+//!   the confirmable position), `stream` and `pgoutput` (the replication connection), `store`
+//!   and `control` (its queries), `publication`, `sweep` (aggregates the table holds).
 //! - `policy`: the retry and dead-letter rules as pure functions.
-//! - `signals`: wake reasons and the arming state machine between processor and listener.
 //! - `health`: what the relay knows about its connections.
-//! - `store`: every relay query against PostgreSQL (`sql/queries`); `publisher`: everything NATS;
-//!   `subject`: the subject template, parsed at start and rendered per row.
-//! - `listener`: LISTEN/NOTIFY, reconnects, arming of the notify trigger.
-//! - `wal` (with `wal::pgoutput`): the replication stream of `--source wal` as domain changes;
-//!   `relay::wal`: its loop (leadership, slot, pipelined batches, aggregates handed to the table);
-//!   `store::wal`: its queries.
+//! - `publisher`: everything NATS; `subject`: the subject template, parsed at start and rendered
+//!   per row.
 //! - `http`: `/metrics`, `/healthz`, `/readyz`; `background`: gauges and the retention of
 //!   `outbox_events` and `processed_events`.
 //! - `db`, `tls`: connections, libpq connection strings, `sslmode` over rustls; `timestamp`:
@@ -52,7 +55,6 @@ pub mod error;
 pub mod event;
 mod health;
 mod http;
-mod listener;
 pub mod metrics;
 pub mod migrate;
 pub mod ops;
@@ -61,16 +63,13 @@ mod otel;
 mod policy;
 mod publisher;
 mod relay;
-mod signals;
 mod source;
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub mod sqlx;
-mod store;
 mod subject;
 mod timestamp;
 mod tls;
-mod wal;
 pub mod wire;
 pub mod writer;
 

@@ -5,7 +5,6 @@
 //! - `batch`: one batch (claim, publish, settle under [`crate::policy`], record, commit).
 
 pub(crate) mod batch;
-mod processor;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,14 +16,14 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{NotifyMode, RelayConfig, Settings, Source};
 use crate::error::Result;
 use crate::health::{Health, HealthReport};
-use crate::listener::Listener;
 use crate::metrics::Metrics;
 use crate::policy::{start_backoff, trouble_backoff};
 use crate::publisher::Publisher;
-use crate::signals::Signals;
-use crate::store::{Session, Store};
+use crate::source::table::listener::Listener;
+use crate::source::table::signals::Signals;
+use crate::source::table::store::{Session, Store};
 
-use processor::Processor;
+use crate::source::table::processor::Processor;
 
 /// A relay from the outbox table to JetStream. Build it with [`Relay::new`], then
 /// [`Relay::run`] it until its shutdown token is cancelled.

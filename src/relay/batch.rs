@@ -11,7 +11,7 @@ use crate::event::OutboxEvent;
 use crate::metrics::Metrics;
 use crate::policy::{is_broker_outage, FailureKind, RetryPolicy, Verdict};
 use crate::publisher::{Outcome, Publisher};
-use crate::store::{BeforeCommit, Claim, Failure, Store};
+use crate::source::table::store::{BeforeCommit, Claim, Failure, Store};
 
 /// What one batch (or two in flight together) did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

@@ -601,13 +601,39 @@ async fn the_wal_source_through_pgbouncer_falls_back_to_unnamed_statements() {
              FOR EACH ROW EXECUTE FUNCTION written_ledger_keep();",
     )
     .await;
-    // Events in many transactions through the pooler: the relay's worker connections meet
-    // both server connections.
-    p.write(0..10, 10).await;
-    testkit::wait_until("everything relayed", T, || async {
-        p.direct_count("true").await == 0
+    // Events in many transactions through the pooler; then the pooler's server connections go
+    // (the relay's client connections stay): the statements the relay prepared are on none of
+    // the new ones.
+    p.write(0..10, 5).await;
+    let relayed = || async { p.direct_count("true").await == 0 };
+    testkit::wait_until("the first events relayed", T, relayed).await;
+    // The pooler's server connections, by their local port.
+    let servers = || async {
+        let admin = pg_client(&p.bouncer.admin_url()).await;
+        let rows = admin
+            .simple_query("SHOW SERVERS")
+            .await
+            .expect("SHOW SERVERS");
+        rows.iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get("local_port").map(String::from),
+                _ => None,
+            })
+            .collect::<HashSet<String>>()
+    };
+    let before = servers().await;
+    // Each server connection closes once released; the pooler opens new ones.
+    pg_client(&p.bouncer.admin_url())
+        .await
+        .simple_query("RECONNECT")
+        .await
+        .expect("RECONNECT");
+    testkit::wait_until("new server connections", T, || async {
+        servers().await.is_disjoint(&before)
     })
     .await;
+    p.write(0..10, 5).await;
+    testkit::wait_until("everything relayed", T, relayed).await;
     let written: Vec<Written> = ledger(&direct, &format!("{SCHEMA}.written_ledger")).await;
     assert_eq!(written.len(), 100);
     let stored: Vec<Stored> = testkit::outbox::read_stream(&js, "OUTBOX").await;

@@ -391,9 +391,11 @@ async fn a_relay_standing_by_takes_over_when_the_streaming_one_dies() {
     env.insert_sql(5, "a", "order.created").await;
     env.wait_stream_len(5, Duration::from_secs(30)).await;
     let second = cli_wal(&env, &[]);
-    wait_until("the second relay stands by", Duration::from_secs(30), || async {
-        second.log().contains("standing by")
-    })
+    wait_until(
+        "the second relay stands by",
+        Duration::from_secs(30),
+        || async { second.log().contains("standing by") },
+    )
     .await;
     env.insert_sql(5, "b", "order.created").await;
     env.wait_stream_len(10, Duration::from_secs(30)).await;

@@ -14,12 +14,12 @@ use uuid::Uuid;
 use super::control::Control;
 use super::pipeline::{BatchId, Pipeline};
 use super::store::WalOpen;
+use super::stream::Stream;
 use super::{Stop, WalSource};
 use crate::error::{Error, Result};
 use crate::event::{AggregateKey, OutboxEvent};
 use crate::relay::batch::{publish_claim, BatchReport, Published};
 use crate::relay::pause;
-use crate::wal::Stream;
 
 /// A streamed row not visible yet is claimed again after this pause, doubling while it stays so
 /// (up to the cap). PostgreSQL writes a commit record (which the stream sends) a moment before the

@@ -11,15 +11,19 @@
 //!   how `migrate --wal` makes it so.
 //! - `store`: the worker connections' claims by id, sweeps and records; `control`: the control
 //!   connection (leadership, the slot, the aggregates the table holds).
+//! - `stream` (with `pgoutput`): the replication connection, decoded as it arrives into the few
+//!   facts the pipeline needs.
 //! - `sweep`: publishes the events of aggregates the table holds, in seq order, and takes them
 //!   back once none is pending.
 
 pub(crate) mod control;
 mod driver;
 mod leader;
+pub(crate) mod pgoutput;
 pub(crate) mod pipeline;
 pub(crate) mod publication;
 pub(crate) mod store;
+pub(crate) mod stream;
 mod sweep;
 
 use std::time::Duration;

@@ -14,7 +14,9 @@ use super::pipeline::{Candidate, Found};
 use crate::config::WalMarking;
 use crate::error::Result;
 use crate::event::{AggregateKey, OutboxEvent};
-use crate::store::{read_claim, BeforeCommit, Claim, ClaimedRow, OpenClaim, Stmt, Store};
+use crate::source::table::store::{
+    read_claim, BeforeCommit, Claim, ClaimedRow, OpenClaim, Stmt, Store,
+};
 
 const CLAIM_IDS: &str = include_str!("../../../sql/queries/claim_ids.sql");
 const LOCK_IDS: &str = include_str!("../../../sql/queries/lock_ids.sql");

@@ -8,17 +8,17 @@ use backoff::SystemClock;
 use tokio::time::sleep_until;
 use tokio_util::sync::CancellationToken;
 
-use super::batch::{process_batch, BatchReport};
-use super::pause;
 use crate::config::{Ordering, RelayConfig};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::policy::{trouble_backoff, LINGER};
 use crate::publisher::Publisher;
-use crate::signals::{Arming, Signals, Wake};
-use crate::store::Store;
+use crate::relay::batch::{process_batch, BatchReport};
+use crate::relay::pause;
+use crate::source::table::signals::{Arming, Signals, Wake};
+use crate::source::table::store::Store;
 
-pub(super) struct Processor<'a> {
+pub(crate) struct Processor<'a> {
     pub config: &'a RelayConfig,
     pub publisher: Publisher,
     pub signals: &'a Signals,
@@ -171,11 +171,11 @@ impl<'a> Processor<'a> {
     }
 
     fn trouble_delay(&mut self) -> Duration {
-        super::next_delay(&mut self.trouble)
+        crate::relay::next_delay(&mut self.trouble)
     }
 
     fn recover(&mut self, e: &Error) {
-        super::recover(&mut self.stores, e);
+        crate::relay::recover(&mut self.stores, e);
     }
 
     /// Waits for a notification, the fallback ticker or a row's retry time; `None` on shutdown.

@@ -1,7 +1,7 @@
 //! The LISTEN connection: wakes the batch processor on the outbox's notifications, reconnects
 //! with backoff, and "arms" the writers' trigger while the relay is idle (see
 //! `outbox_events_notify` in sql/migrations). The processor and the listener talk through
-//! [`Signals`]; the arming rules are its state machine ([`crate::signals::Arming`]).
+//! [`Signals`]; the arming rules are its state machine ([`crate::source::table::signals::Arming`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,13 +14,13 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{Error, Result};
 use crate::health::Health;
 use crate::metrics::Metrics;
-use crate::signals::{ArmStep, Arming, Signals, Wake};
+use crate::source::table::signals::{ArmStep, Arming, Signals, Wake};
 
-const LISTEN: &str = include_str!("../sql/queries/listen.sql");
-const ARM: &str = include_str!("../sql/queries/arm.sql");
-const DISARM: &str = include_str!("../sql/queries/disarm.sql");
-const ARMED_BY_OTHER: &str = include_str!("../sql/queries/armed_by_other.sql");
-const PING: &str = include_str!("../sql/queries/ping.sql");
+const LISTEN: &str = include_str!("../../../sql/queries/listen.sql");
+const ARM: &str = include_str!("../../../sql/queries/arm.sql");
+const DISARM: &str = include_str!("../../../sql/queries/disarm.sql");
+const ARMED_BY_OTHER: &str = include_str!("../../../sql/queries/armed_by_other.sql");
+const PING: &str = include_str!("../../../sql/queries/ping.sql");
 
 /// How long arming may wait for writers that skipped their notification to commit. Past it the
 /// processor polls and arming is tried again, so a long writer transaction costs latency of about

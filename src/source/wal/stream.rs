@@ -1,9 +1,7 @@
 //! The replication stream of `--source wal`: a logical replication connection (pgoutput, through
 //! `pgwire-replication`) turned into the few facts the relay needs, in commit order: an outbox
 //! row was inserted (its id and aggregate), a transaction committed, the server is idle at a
-//! position. The relay loop (`relay::wal`) sees these, never the protocol.
-
-pub(crate) mod pgoutput;
+//! position. The pipeline (`source::wal::pipeline`) sees these, never the protocol.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -16,12 +14,12 @@ use tokio::task::JoinHandle;
 use tokio_postgres::config::Host;
 use uuid::Uuid;
 
+use super::pgoutput::{self, Message, Relation, Value};
 use crate::error::{Error, Result};
 use crate::event::AggregateKey;
 use crate::source::wal::control::ServerAddr;
 use crate::source::wal::pipeline::Candidate;
 use crate::tls::{Mode, RootCert, TlsSettings};
-use pgoutput::{Message, Relation, Value};
 
 pub(crate) use crate::source::wal::pipeline::Change;
 
