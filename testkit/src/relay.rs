@@ -119,13 +119,17 @@ impl RelayProcess {
         .unwrap_or_else(|e| Some(format!("waiting for the relay failed: {e}")))
     }
 
-    /// The last 10 lines of its log file joined on one line (empty without a log file).
-    pub fn log_tail(&self) -> String {
-        let text = self
-            .log
+    /// Its whole log file so far (empty without a log file).
+    pub fn log_text(&self) -> String {
+        self.log
             .as_deref()
             .and_then(|p| std::fs::read_to_string(p).ok())
-            .unwrap_or_default();
+            .unwrap_or_default()
+    }
+
+    /// The last 10 lines of its log file joined on one line (empty without a log file).
+    pub fn log_tail(&self) -> String {
+        let text = self.log_text();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(10)..].join(" / ")
     }
