@@ -7,6 +7,7 @@
 
 mod arbitrary_rows;
 mod cli;
+mod clock;
 mod cluster;
 mod deploy_files;
 mod edges;
