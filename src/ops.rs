@@ -64,7 +64,8 @@ const WAL_SLOTS: &str = include_str!("../sql/queries/wal_slots.sql");
 pub struct Status {
     /// Not yet published and not dead-lettered.
     pub pending: i64,
-    /// Age of the oldest pending event (0 when none).
+    /// Age of the oldest pending event by the database's clock (0 when none); never negative: an
+    /// event dated in the future counts as age 0 (see `future_dated`).
     pub oldest_pending_age_seconds: f64,
     /// Failed at least once, waiting for their next try.
     pub waiting_for_retry: i64,
@@ -74,6 +75,17 @@ pub struct Status {
     pub dead_letters: i64,
     /// Aggregates whose later events wait behind a dead letter.
     pub blocked_aggregates: i64,
+    /// Pending events dated in the future by the database's clock: a writer's clock ahead of the
+    /// database's, or a `created_at` set by SQL. They count as age 0 in
+    /// `oldest_pending_age_seconds`.
+    pub future_dated: i64,
+    /// How far ahead of the database's clock the furthest of them is dated, in seconds (0 when
+    /// none; a `created_at` of `infinity` is counted in `future_dated`, not here).
+    pub max_future_skew_seconds: f64,
+    /// The `seq` of the first of them in the queue: the relay ages it from when it first saw it,
+    /// for `outbox_oldest_pending_age_seconds`.
+    #[serde(skip)]
+    pub(crate) first_future_dated_seq: Option<i64>,
 }
 
 /// Opens a transaction on `client` whose statements find the outbox objects in `schema`: it
@@ -118,6 +130,9 @@ pub async fn status<C: GenericClient + Sync>(client: &C) -> Result<Status> {
         due_for_retry: row.get("due_for_retry"),
         dead_letters: row.get("dead_letters"),
         blocked_aggregates: row.get("blocked_aggregates"),
+        future_dated: row.get("future_dated"),
+        max_future_skew_seconds: row.get("max_future_skew_seconds"),
+        first_future_dated_seq: row.get("first_future_dated_seq"),
     })
 }
 
