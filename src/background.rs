@@ -2,24 +2,28 @@
 //! `--processed-events-retention` cleanups.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::DbClock;
 use crate::config::RelayConfig;
 use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::ops::{self, Progress, Retained};
 
 /// Refreshes the pending / oldest-age / dead-letter gauges every `stats_interval` (not per batch:
-/// the count is a scan of the pending index) and records whether the database answers.
+/// the count is a scan of the pending index), records whether the database answers, and measures
+/// the database's clock again (it may drift from this machine's).
 pub(crate) async fn stats(
     config: RelayConfig,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    clock: Arc<DbClock>,
     shutdown: CancellationToken,
 ) {
     let mut client = None;
+    let mut future_dated = FirstSeen::default();
     let mut tick = tokio::time::interval(config.stats_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -46,8 +50,11 @@ pub(crate) async fn stats(
                 metrics.pending.set(s.pending);
                 metrics
                     .oldest_pending_age_seconds
-                    .set(s.oldest_pending_age_seconds);
+                    .set(future_dated.oldest_age(&s, Instant::now()));
                 metrics.dead_letters.set(s.dead_letters);
+                if let Err(e) = clock.measure(&*c).await {
+                    tracing::debug!(error = %e, "reading the database's clock failed");
+                }
                 if config.source == crate::config::Source::Wal {
                     replication_lag(c, &config.slot(), &metrics).await;
                 }
@@ -62,6 +69,37 @@ pub(crate) async fn stats(
                 client = None;
             }
         }
+    }
+}
+
+/// The relay's view of the pending events dated in the future (a writer's clock ahead of the
+/// database's, a `created_at` set by SQL). The database gives them age 0, which alone would hide
+/// one that is stuck until its date has passed; so the first of them in the queue ages from when
+/// this relay first saw it there, on the relay's monotonic clock. Once it is published (or
+/// another comes first) the next one starts from 0.
+#[derive(Debug, Default)]
+struct FirstSeen {
+    /// `seq` of the first future-dated pending event, and when it was first seen there.
+    first: Option<(i64, Instant)>,
+}
+
+impl FirstSeen {
+    /// `outbox_oldest_pending_age_seconds` for `status` read at `now`: the database's oldest age,
+    /// or the time the first future-dated event has been seen pending, whichever is longer.
+    fn oldest_age(&mut self, status: &ops::Status, now: Instant) -> f64 {
+        let Some(seq) = status.first_future_dated_seq else {
+            self.first = None;
+            return status.oldest_pending_age_seconds;
+        };
+        let since = match self.first {
+            Some((seen, since)) if seen == seq => since,
+            _ => {
+                self.first = Some((seq, now));
+                now
+            }
+        };
+        let seen_for = now.saturating_duration_since(since).as_secs_f64();
+        status.oldest_pending_age_seconds.max(seen_for)
     }
 }
 
@@ -160,5 +198,43 @@ fn log(table: &'static str, deleted: crate::error::Result<u64>) {
         Ok(0) => {}
         Ok(n) => tracing::info!(table, deleted = n, "retention cleanup"),
         Err(e) => tracing::warn!(table, error = %e, "retention cleanup failed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(oldest: f64, first_future_dated_seq: Option<i64>) -> ops::Status {
+        ops::Status {
+            pending: 1,
+            oldest_pending_age_seconds: oldest,
+            waiting_for_retry: 0,
+            due_for_retry: 0,
+            dead_letters: 0,
+            blocked_aggregates: 0,
+            future_dated: i64::from(first_future_dated_seq.is_some()),
+            max_future_skew_seconds: 0.0,
+            first_future_dated_seq,
+        }
+    }
+
+    #[test]
+    fn a_future_dated_event_ages_from_when_it_was_first_seen_first_in_the_queue() {
+        let mut seen = FirstSeen::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert_eq!(seen.oldest_age(&status(3.0, None), at(0)), 3.0);
+        // Seen at 10 s: 0 then, 70 s at 80 s (OutboxEventsStuck: > 60 s).
+        assert_eq!(seen.oldest_age(&status(0.0, Some(7)), at(10)), 0.0);
+        assert_eq!(seen.oldest_age(&status(0.0, Some(7)), at(40)), 30.0);
+        assert_eq!(seen.oldest_age(&status(0.0, Some(7)), at(80)), 70.0);
+        // An older dated event beside it gives its own age when that is longer.
+        assert_eq!(seen.oldest_age(&status(500.0, Some(7)), at(90)), 500.0);
+        // Published: the next one starts from 0; none left: the database's figure alone.
+        assert_eq!(seen.oldest_age(&status(0.0, Some(9)), at(100)), 0.0);
+        assert_eq!(seen.oldest_age(&status(0.0, Some(9)), at(105)), 5.0);
+        assert_eq!(seen.oldest_age(&status(1.0, None), at(110)), 1.0);
+        assert_eq!(seen.oldest_age(&status(0.0, Some(9)), at(120)), 0.0);
     }
 }

@@ -37,6 +37,7 @@
 //!   per row.
 //! - `http`: `/metrics`, `/healthz`, `/readyz`; `background`: gauges and the retention of
 //!   `outbox_events` and `processed_events`.
+//! - `clock`: one clock; the database's, which every time the database wrote is compared with.
 //! - `db`, `tls`: connections, libpq connection strings, `sslmode` over rustls; `timestamp`:
 //!   PostgreSQL timestamps of any value without panics; `otel` (feature `otel`): the writer's
 //!   trace context through the global propagator and the relay's PRODUCER span per publish.
@@ -48,6 +49,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod background;
+mod clock;
 pub mod config;
 pub mod consumer;
 mod db;

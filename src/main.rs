@@ -302,6 +302,14 @@ async fn execute(cli: Cli) -> Result<(), Error> {
             } else {
                 println!("pending:             {}", s.pending);
                 println!("oldest pending age:  {:.1}s", s.oldest_pending_age_seconds);
+                if s.future_dated == 0 {
+                    println!("dated in the future: 0");
+                } else {
+                    println!(
+                        "dated in the future: {} (up to {:.1}s ahead of the database's clock; counted at age 0)",
+                        s.future_dated, s.max_future_skew_seconds
+                    );
+                }
                 println!("waiting for retry:   {}", s.waiting_for_retry);
                 println!("due for retry:       {}", s.due_for_retry);
                 println!("dead letters:        {}", s.dead_letters);

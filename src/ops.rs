@@ -31,7 +31,7 @@
 //! # }
 //! ```
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use serde::Serialize;
 use tokio_postgres::types::Type;
@@ -64,7 +64,8 @@ const WAL_SLOTS: &str = include_str!("../sql/queries/wal_slots.sql");
 pub struct Status {
     /// Not yet published and not dead-lettered.
     pub pending: i64,
-    /// Age of the oldest pending event (0 when none).
+    /// Age of the oldest pending event by the database's clock (0 when none); never negative: an
+    /// event dated in the future counts as age 0 (see `future_dated`).
     pub oldest_pending_age_seconds: f64,
     /// Failed at least once, waiting for their next try.
     pub waiting_for_retry: i64,
@@ -74,6 +75,17 @@ pub struct Status {
     pub dead_letters: i64,
     /// Aggregates whose later events wait behind a dead letter.
     pub blocked_aggregates: i64,
+    /// Pending events dated in the future by the database's clock: a writer's clock ahead of the
+    /// database's, or a `created_at` set by SQL. They count as age 0 in
+    /// `oldest_pending_age_seconds`.
+    pub future_dated: i64,
+    /// How far ahead of the database's clock the furthest of them is dated, in seconds (0 when
+    /// none; a `created_at` of `infinity` is counted in `future_dated`, not here).
+    pub max_future_skew_seconds: f64,
+    /// The `seq` of the first of them in the queue: the relay ages it from when it first saw it,
+    /// for `outbox_oldest_pending_age_seconds`.
+    #[serde(skip)]
+    pub(crate) first_future_dated_seq: Option<i64>,
 }
 
 /// Opens a transaction on `client` whose statements find the outbox objects in `schema`: it
@@ -118,6 +130,9 @@ pub async fn status<C: GenericClient + Sync>(client: &C) -> Result<Status> {
         due_for_retry: row.get("due_for_retry"),
         dead_letters: row.get("dead_letters"),
         blocked_aggregates: row.get("blocked_aggregates"),
+        future_dated: row.get("future_dated"),
+        max_future_skew_seconds: row.get("max_future_skew_seconds"),
+        first_future_dated_seq: row.get("first_future_dated_seq"),
     })
 }
 
@@ -511,7 +526,8 @@ impl Retained {
         }
     }
 
-    /// The bounded delete: `$1` the cutoff (`timestamptz`), `$2` the row limit (`int8`).
+    /// The bounded delete: `$1` the age of the cutoff in microseconds (`int8`, see [`age_micros`]),
+    /// `$2` the row limit (`int8`).
     fn delete_sql(self) -> &'static str {
         match self {
             Retained::OutboxEvents => CLEANUP,
@@ -519,7 +535,7 @@ impl Retained {
         }
     }
 
-    /// How many rows the delete would take: `$1` the cutoff.
+    /// How many rows the delete would take: `$1` as for the delete.
     fn count_sql(self) -> &'static str {
         match self {
             Retained::OutboxEvents => CLEANUP_COUNT,
@@ -528,8 +544,9 @@ impl Retained {
     }
 }
 
-/// Deletes rows processed (or discarded) more than `older_than` ago, `batch_size` rows per
-/// statement, each its own short transaction. Returns the number of rows deleted.
+/// Deletes rows processed (or discarded) more than `older_than` ago by the database's clock,
+/// `batch_size` rows per statement, each its own short transaction. Returns the number of rows
+/// deleted.
 pub async fn cleanup<C: GenericClient + Sync>(
     client: &C,
     older_than: Duration,
@@ -540,6 +557,9 @@ pub async fn cleanup<C: GenericClient + Sync>(
 
 /// Deletes the rows of `table` older than `older_than` (see [`Retained`]), `batch_size` rows per
 /// statement, until a statement deletes fewer. Returns the number of rows deleted.
+///
+/// The cutoff is `now() - older_than` computed by PostgreSQL in each statement, never from this
+/// machine's clock, which may be off: the times compared with it are the database's.
 pub async fn cleanup_table<C: GenericClient + Sync>(
     client: &C,
     table: Retained,
@@ -547,10 +567,10 @@ pub async fn cleanup_table<C: GenericClient + Sync>(
     batch_size: i64,
 ) -> Result<u64> {
     check_batch_size(batch_size)?;
-    let cutoff = cutoff(older_than);
+    let age = age_micros(older_than);
     let mut total = 0;
     loop {
-        let n = cleanup_step(client, table, cutoff, batch_size).await?;
+        let n = cleanup_step(client, table, age, batch_size).await?;
         total += n;
         if n < batch_size as u64 {
             return Ok(total);
@@ -590,7 +610,7 @@ pub async fn cleanup_table_in(
     mut on_batch: impl FnMut(Progress),
 ) -> Result<u64> {
     check_batch_size(batch_size)?;
-    let cutoff = cutoff(older_than);
+    let age = age_micros(older_than);
     let mut progress = Progress::default();
     loop {
         let tx = if progress.batches == 0 {
@@ -598,7 +618,7 @@ pub async fn cleanup_table_in(
         } else {
             transaction_in(client, schema).await?
         };
-        let n = cleanup_step(&tx, table, cutoff, batch_size).await?;
+        let n = cleanup_step(&tx, table, age, batch_size).await?;
         tx.commit().await?;
         if n > 0 {
             progress.add_batch(n);
@@ -611,17 +631,17 @@ pub async fn cleanup_table_in(
 }
 
 /// How many rows [`cleanup_table_in`] with the same `table` and `older_than` would delete now,
-/// deleting nothing (`cleanup --dry-run`).
+/// deleting nothing (`cleanup --dry-run`): the same cutoff, by the database's clock.
 pub async fn cleanup_count_in(
     client: &mut Client,
     schema: Option<&str>,
     table: Retained,
     older_than: Duration,
 ) -> Result<u64> {
-    let cutoff = cutoff(older_than);
+    let age = age_micros(older_than);
     let tx = checked_transaction_in(client, schema).await?;
     let n: i64 = tx
-        .query_typed_one(table.count_sql(), &[(&cutoff, Type::TIMESTAMPTZ)])
+        .query_typed_one(table.count_sql(), &[(&age, Type::INT8)])
         .await?
         .try_get(0)?;
     tx.commit().await?;
@@ -637,22 +657,42 @@ fn check_batch_size(batch_size: i64) -> Result<()> {
     Ok(())
 }
 
-fn cutoff(older_than: Duration) -> SystemTime {
-    SystemTime::now()
-        .checked_sub(older_than)
-        .unwrap_or(SystemTime::UNIX_EPOCH)
+/// Ages beyond this reach past the earliest time PostgreSQL can hold (4713 BC) from now: nothing
+/// is that old.
+const MAX_AGE: Duration = Duration::from_secs(6_000 * 365 * 86_400);
+
+/// `older_than` as the retention statements take it: microseconds for PostgreSQL to subtract from
+/// its own `now()` (the cutoff is never computed on this machine's clock); `None` (SQL NULL, no
+/// row is that old) beyond [`MAX_AGE`].
+fn age_micros(older_than: Duration) -> Option<i64> {
+    (older_than <= MAX_AGE).then(|| i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX))
 }
 
 async fn cleanup_step<C: GenericClient + Sync>(
     client: &C,
     table: Retained,
-    cutoff: SystemTime,
+    age_micros: Option<i64>,
     batch_size: i64,
 ) -> Result<u64> {
     Ok(client
         .execute_typed(
             table.delete_sql(),
-            &[(&cutoff, Type::TIMESTAMPTZ), (&batch_size, Type::INT8)],
+            &[(&age_micros, Type::INT8), (&batch_size, Type::INT8)],
         )
         .await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retention_ages_go_to_the_database_in_microseconds() {
+        assert_eq!(age_micros(Duration::from_secs(3600)), Some(3_600_000_000));
+        assert_eq!(age_micros(Duration::from_micros(1)), Some(1));
+        assert_eq!(age_micros(MAX_AGE), i64::try_from(MAX_AGE.as_micros()).ok());
+        // Past what PostgreSQL can subtract from now: nothing is that old.
+        assert_eq!(age_micros(MAX_AGE + Duration::from_secs(1)), None);
+        assert_eq!(age_micros(Duration::MAX), None);
+    }
 }

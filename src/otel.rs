@@ -78,9 +78,10 @@ fn extract(headers: &BTreeMap<String, String>) -> Option<Context> {
 /// The PRODUCER span of one publish of `event` to `subject`, following OpenTelemetry's messaging
 /// conventions (`publish <subject>`: `{messaging.operation.name} {destination}`, `messaging.*`), plus the outbox's own attributes; among them
 /// `outbox.wait_ms`, the time from the row's `created_at` (its commit, give or take the writer's
-/// transaction) to this publish, in milliseconds. Its parent is the context stored in the row, so
+/// transaction) to this publish (`now`, on the database's clock: see `crate::clock`), in
+/// milliseconds. Its parent is the context stored in the row, so
 /// the span lands in the writer's trace; a row without one starts a trace of its own.
-pub(crate) fn send_span(event: &OutboxEvent, subject: &str) -> tracing::Span {
+pub(crate) fn send_span(event: &OutboxEvent, subject: &str, now: SystemTime) -> tracing::Span {
     let span = tracing::info_span!(
         target: SEND_TARGET,
         parent: None,
@@ -100,7 +101,7 @@ pub(crate) fn send_span(event: &OutboxEvent, subject: &str) -> tracing::Span {
         outbox.aggregate_id = event.aggregate_id.as_str(),
         outbox.event_type = event.event_type.as_str(),
         outbox.attempt = i64::from(event.attempts) + 1,
-        outbox.wait_ms = wait_ms(event),
+        outbox.wait_ms = wait_ms(event, now),
     );
     if !span.is_disabled() {
         if let Some(parent) = extract(&event.headers) {
@@ -111,11 +112,11 @@ pub(crate) fn send_span(event: &OutboxEvent, subject: &str) -> tracing::Span {
     span
 }
 
-/// Milliseconds from `created_at` to now; none for a `created_at` that is no time (or ahead of
-/// this machine's clock).
-fn wait_ms(event: &OutboxEvent) -> Option<f64> {
+/// Milliseconds from `created_at` to `now` (both on the database's clock); none for a `created_at`
+/// that is no time (or dated after `now`).
+fn wait_ms(event: &OutboxEvent, now: SystemTime) -> Option<f64> {
     let created = event.created_at.system_time()?;
-    let waited = SystemTime::now().duration_since(created).ok()?;
+    let waited = now.duration_since(created).ok()?;
     Some(waited.as_secs_f64() * 1000.0)
 }
 
@@ -279,7 +280,7 @@ mod tests {
     #[test]
     fn a_disabled_send_span_changes_no_header() {
         let event = crate::OutboxEvent::sample("1");
-        let span = send_span(&event, "outbox.created");
+        let span = send_span(&event, "outbox.created", SystemTime::now());
         assert!(span.is_disabled(), "no subscriber");
         assert!(outgoing_headers(&span).is_empty());
         record_failure(&span, FailureKind::Invalid, "nothing to record on");

@@ -2,12 +2,14 @@
 //! The relay loop sees [`Outcome`]s, never async-nats types.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream::{self, context::PublishErrorKind, stream};
 use futures::future::join_all;
 use tracing::Instrument;
 
+use crate::clock::DbClock;
 use crate::config::{HeaderFormat, RelayConfig, Settings};
 use crate::error::{Error, Result};
 use crate::event::OutboxEvent;
@@ -49,6 +51,8 @@ pub enum Outcome {
     /// Stored by JetStream (`duplicate`: it was already there, dropped by the Msg-Id dedup).
     Published {
         duplicate: bool,
+        /// When the ack came, on the database's clock (see [`crate::clock`]): it is compared with
+        /// the row's `created_at`.
         acked_at: SystemTime,
     },
     Failed(Failure),
@@ -88,6 +92,8 @@ pub(crate) struct Publisher {
     ce_source: String,
     stream: String,
     timeout: Duration,
+    /// The database's clock, which acks and spans are timed on.
+    clock: Arc<DbClock>,
 }
 
 /// Connects to NATS with the credentials and TLS settings of `config`. Fails fast (bounded) when the
@@ -219,7 +225,7 @@ fn percent_decode(s: &str) -> String {
 }
 
 impl Publisher {
-    pub fn new(client: async_nats::Client, settings: &Settings) -> Self {
+    pub fn new(client: async_nats::Client, settings: &Settings, clock: Arc<DbClock>) -> Self {
         let config = &settings.config;
         let js = jetstream::ContextBuilder::new()
             .timeout(config.publish_timeout)
@@ -235,6 +241,7 @@ impl Publisher {
             ce_source: config.ce_source.clone(),
             stream: config.stream.clone(),
             timeout: config.publish_timeout,
+            clock,
         }
     }
 
@@ -406,7 +413,7 @@ impl Publisher {
             Ok(subject) => subject.as_str(),
             Err(_) => "(invalid subject)",
         };
-        let span = send_span(event, shown);
+        let span = send_span(event, shown, self.clock.now());
         let outcome = self
             .send(event, subject, &span)
             .instrument(span.clone())
@@ -460,7 +467,7 @@ impl Publisher {
         match result {
             Ok(ack) => Outcome::Published {
                 duplicate: ack.duplicate,
-                acked_at: SystemTime::now(),
+                acked_at: self.clock.now(),
             },
             Err(e) => Outcome::Failed(self.blame(event, &e)),
         }
@@ -553,7 +560,7 @@ use crate::otel::{
 
 /// Without the `otel` feature: no span, the row's headers go out as they are.
 #[cfg(not(feature = "otel"))]
-fn send_span(_: &OutboxEvent, _: &str) -> tracing::Span {
+fn send_span(_: &OutboxEvent, _: &str, _: SystemTime) -> tracing::Span {
     tracing::Span::none()
 }
 

@@ -13,6 +13,7 @@ use backoff::backoff::Backoff;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::DbClock;
 use crate::config::{NotifyMode, RelayConfig, Settings, Source};
 use crate::error::Result;
 use crate::health::{Health, HealthReport};
@@ -60,6 +61,8 @@ pub struct Relay {
     signals: Arc<Signals>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    /// The database's clock, measured at start and by the stats task (see [`crate::clock`]).
+    clock: Arc<DbClock>,
 }
 
 impl Relay {
@@ -82,6 +85,7 @@ impl Relay {
             health: Arc::new(Health::new(metrics.clone(), mode == NotifyMode::Poll)),
             metrics,
             settings,
+            clock: Arc::new(DbClock::default()),
         })
     }
 
@@ -167,7 +171,7 @@ impl Relay {
                 }
             }
             if let (true, Some(client)) = (database, &nats) {
-                let publisher = Publisher::new(client.clone(), &self.settings);
+                let publisher = Publisher::new(client.clone(), &self.settings, self.clock.clone());
                 match publisher.ensure_stream(config).await {
                     Ok(()) => {
                         self.health.broker_checked(publisher.is_connected());
@@ -191,6 +195,8 @@ impl Relay {
         let mut client = crate::db::connect(&config.database_url, "outbox-relay").await?;
         let tx = crate::ops::checked_transaction_in(&mut client, config.schema.as_deref()).await?;
         tx.commit().await?;
+        // Before the first publish: the acks are timed on the database's clock.
+        self.clock.measure(&client).await?;
         Ok(())
     }
 
@@ -217,6 +223,7 @@ impl Relay {
             config.clone(),
             self.metrics.clone(),
             self.health.clone(),
+            self.clock.clone(),
             tasks.clone(),
         )));
         if config.retention.is_some() || config.processed_events_retention.is_some() {

@@ -11,6 +11,7 @@
 //! process is killed.
 
 pub mod charts;
+pub mod faketime;
 mod nats;
 pub mod outbox;
 mod pg;

@@ -444,16 +444,33 @@ impl RelayProcess {
     }
 
     /// [`RelayProcess::run`] with its log (`RUST_LOG=info`) in a file of its own, for
-    /// [`RelayProcess::log_tail`].
+    /// [`RelayProcess::log_tail`]. `extra` may set `--metrics-addr` (else `off`).
     pub fn run_logged(env: &Env, extra: &[&str]) -> RelayProcess {
+        Self::run_logged_with(env, extra, |_| {})
+    }
+
+    /// [`RelayProcess::run_logged`] with the relay's wall clock moved by `offset` (`"+10m"`,
+    /// `"-10m"`; see [`crate::faketime::move_clock`]); the database keeps the real time.
+    pub fn run_logged_with_clock(env: &Env, offset: &str, extra: &[&str]) -> RelayProcess {
+        Self::run_logged_with(env, extra, |cmd| crate::faketime::move_clock(cmd, offset))
+    }
+
+    fn run_logged_with(
+        env: &Env,
+        extra: &[&str],
+        adjust: impl FnOnce(&mut Command),
+    ) -> RelayProcess {
         static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let log =
             std::env::temp_dir().join(format!("outbox-relay-test-{}-{n}.log", std::process::id()));
         let file = std::fs::File::create(&log).expect("relay log file");
         let mut cmd = relay_command();
-        cmd.args(["run", "--fallback-interval", "60s", "--metrics-addr", "off"])
-            .args(extra)
+        cmd.args(["run", "--fallback-interval", "60s"]);
+        if !extra.contains(&"--metrics-addr") {
+            cmd.args(["--metrics-addr", "off"]);
+        }
+        cmd.args(extra)
             .env("DATABASE_URL", &env.db)
             .env("NATS_URL", env.nats.url())
             .env(
@@ -463,6 +480,7 @@ impl RelayProcess {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(file);
+        adjust(&mut cmd);
         RelayProcess::spawn("outbox-relay", cmd, Some(log)).expect("spawn outbox-relay")
     }
 
@@ -556,12 +574,27 @@ impl Env {
 /// Runs an operator command of the CLI against `db` (bounded by the command itself): exit code,
 /// stdout, stderr.
 pub fn cli(db: &str, args: &[&str]) -> (Option<i32>, String, String) {
-    let out = relay_command()
-        .args(args)
+    cli_output(cli_command(db, args))
+}
+
+/// [`cli`] with the command's wall clock moved by `offset` (`"+1h"`, `"-10m"`; see
+/// [`crate::faketime::move_clock`]); the database keeps the real time.
+pub fn cli_with_clock(db: &str, offset: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let mut cmd = cli_command(db, args);
+    crate::faketime::move_clock(&mut cmd, offset);
+    cli_output(cmd)
+}
+
+fn cli_command(db: &str, args: &[&str]) -> Command {
+    let mut cmd = relay_command();
+    cmd.args(args)
         .env("DATABASE_URL", db)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run outbox-relay");
+        .env("RUST_LOG", "warn");
+    cmd
+}
+
+fn cli_output(mut cmd: Command) -> (Option<i32>, String, String) {
+    let out = cmd.output().expect("run outbox-relay");
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -28,6 +28,7 @@ macro_rules! for_each_source {
 
 mod arbitrary_rows;
 mod cli;
+mod clock;
 mod cluster;
 mod deploy_files;
 mod edges;

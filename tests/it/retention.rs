@@ -291,15 +291,15 @@ async fn the_cleanup_statement_uses_the_index() {
         )
         .await
         .expect("seed");
-    // 1% of the rows are older than the cutoff.
-    let cutoff = std::time::SystemTime::now() - Duration::from_secs(19_800);
+    // 1% of the rows are older than the cutoff (its age goes in microseconds).
+    let age_micros: i64 = 19_800_000_000;
     let plan: String = client
         .query(
             &format!(
                 "EXPLAIN (COSTS OFF) {}",
                 include_str!("../../sql/queries/cleanup_processed_events.sql")
             ),
-            &[&cutoff, &1000_i64],
+            &[&age_micros, &1000_i64],
         )
         .await
         .expect("explain")
