@@ -61,6 +61,15 @@ async fn end_the_stream(env: &Env) -> i64 {
         .get(0)
 }
 
+/// [`Env::wal_config`] (the publication, the ledger), an admin connection and the publication's
+/// name.
+async fn set_up(env: &Env) -> (tokio_postgres::Client, String) {
+    env.wal_config().await;
+    let admin = env.client().await;
+    let name = publication(&admin).await;
+    (admin, name)
+}
+
 /// The refusal: exit code 1, naming the publication and the fix.
 fn assert_refused(code: Option<i32>, log: &str, publication: &str) {
     assert_eq!(code, Some(1), "{log}");
@@ -83,9 +92,7 @@ fn migrate_wal(env: &Env, extra: &[&str]) -> String {
 #[tokio::test]
 async fn a_publication_without_the_outbox_table_is_refused_with_the_fix() {
     let env = Env::new().await;
-    env.wal_config().await;
-    let admin = env.client().await;
-    let name = publication(&admin).await;
+    let (admin, name) = set_up(&env).await;
     admin
         .batch_execute(&format!(
             "ALTER PUBLICATION {name} DROP TABLE outbox_events"
@@ -101,9 +108,7 @@ async fn a_publication_without_the_outbox_table_is_refused_with_the_fix() {
 #[tokio::test]
 async fn a_publication_that_does_not_publish_inserts_is_refused_with_the_fix() {
     let env = Env::new().await;
-    env.wal_config().await;
-    let admin = env.client().await;
-    let name = publication(&admin).await;
+    let (admin, name) = set_up(&env).await;
     admin
         .batch_execute(&format!(
             "ALTER PUBLICATION {name} SET (publish = 'update')"
@@ -122,9 +127,7 @@ async fn a_publication_that_does_not_publish_inserts_is_refused_with_the_fix() {
 #[tokio::test]
 async fn migrate_wal_repairs_a_publication_changed_by_hand_and_nothing_written_meanwhile_is_lost() {
     let env = Env::new().await;
-    env.wal_config().await;
-    let admin = env.client().await;
-    let name = publication(&admin).await;
+    let (admin, name) = set_up(&env).await;
     let relay = cli_wal(&env, &[]);
     streaming(&env).await;
     env.insert_interleaved(5, 2).await;
@@ -159,9 +162,7 @@ async fn migrate_wal_repairs_a_publication_changed_by_hand_and_nothing_written_m
 #[tokio::test]
 async fn a_relay_whose_stream_ends_checks_the_publication_again_and_refuses_it() {
     let env = Env::new().await;
-    env.wal_config().await;
-    let admin = env.client().await;
-    let name = publication(&admin).await;
+    let (admin, name) = set_up(&env).await;
     let mut relay = cli_wal(&env, &[]);
     streaming(&env).await;
     env.insert_interleaved(5, 2).await;
@@ -195,9 +196,7 @@ async fn a_relay_whose_stream_ends_checks_the_publication_again_and_refuses_it()
 #[tokio::test]
 async fn a_streaming_relay_refuses_a_publication_changed_under_it() {
     let env = Env::new().await;
-    env.wal_config().await;
-    let admin = env.client().await;
-    let name = publication(&admin).await;
+    let (admin, name) = set_up(&env).await;
     let mut relay = cli_wal(&env, &[]);
     streaming(&env).await;
     env.insert_interleaved(5, 2).await;
@@ -225,9 +224,7 @@ async fn a_streaming_relay_refuses_a_publication_changed_under_it() {
 #[tokio::test]
 async fn a_repair_under_a_running_relay_makes_it_catch_up_what_no_stream_holds() {
     let env = Env::new().await;
-    env.wal_config().await;
-    let admin = env.client().await;
-    let name = publication(&admin).await;
+    let (admin, name) = set_up(&env).await;
     let relay = cli_wal(&env, &[]);
     streaming(&env).await;
     env.insert_interleaved(5, 2).await;
@@ -299,9 +296,7 @@ async fn the_publication_of_an_outbox_in_its_own_schema_must_publish_that_schema
 #[tokio::test]
 async fn a_publication_for_all_tables_streams_the_outbox_and_ignores_other_tables() {
     let env = Env::new().await;
-    env.wal_config().await;
-    let admin = env.client().await;
-    let name = publication(&admin).await;
+    let (admin, name) = set_up(&env).await;
     admin
         .batch_execute(&format!(
             "DROP PUBLICATION {name};
@@ -378,9 +373,7 @@ fn assert_names_the_cause(log: &str, publication: &str) {
 #[tokio::test]
 async fn a_publication_dropped_and_created_again_under_a_streaming_relay_is_recovered_from() {
     let env = Env::new().await;
-    env.wal_config().await;
-    let admin = env.client().await;
-    let name = publication(&admin).await;
+    let (admin, name) = set_up(&env).await;
     let relay = cli_wal(&env, &[]);
     streaming(&env).await;
     env.insert_interleaved(5, 2).await;
@@ -409,9 +402,7 @@ async fn a_publication_dropped_and_created_again_under_a_streaming_relay_is_reco
 #[tokio::test]
 async fn a_publication_dropped_and_created_again_while_the_relay_is_stopped_is_recovered_from() {
     let env = Env::new().await;
-    env.wal_config().await;
-    let admin = env.client().await;
-    let name = publication(&admin).await;
+    let (admin, name) = set_up(&env).await;
     let relay = cli_wal(&env, &[]);
     streaming(&env).await;
     env.insert_interleaved(5, 2).await;
