@@ -1,9 +1,10 @@
-//! No row content can panic or stall the relay.
+//! No row content can panic or stall the relay, with either source.
 //!
 //! Rows are written by raw SQL too, so whatever a column of `outbox_events` can hold must end in
-//! one of two outcomes: published to JetStream (`processed_at` set), or dead-lettered
-//! (`dead_lettered_at` set, with a `last_error` saying why); and the relay keeps running. A row
-//! behind a dead letter of its own aggregate stays pending: that is per-aggregate order.
+//! one of two outcomes: published to JetStream (`processed_at` set; with the wal source the row is
+//! deleted), or dead-lettered (`dead_lettered_at` set, with a `last_error` saying why); and the
+//! relay keeps running. A row behind a dead letter of its own aggregate stays pending: that is
+//! per-aggregate order.
 //!
 //! One relay runs for the whole test; every proptest case inserts a few rows with arbitrary column
 //! values (by raw SQL with parameters, not `enqueue`, which validates), waits until they settle and
@@ -11,7 +12,7 @@
 //! (`RUST_LOG=outbox_relay=info` shows the relay's log).
 //!
 //! Cases the property found get a test of their own at the end: headers over JetStream's 64 KiB,
-//! and a known bug of `outbox-relay status` with an infinite `created_at` (ignored until fixed).
+//! and `outbox-relay status` with an infinite `created_at`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -20,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use outbox_relay::event::{MAX_AGGREGATE_LEN, MAX_EVENT_TYPE_LEN};
+use outbox_relay::Source;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestError, TestRng, TestRunner};
 use testkit::outbox::{assert_unique, cli, Env, RunningRelay, Stored};
@@ -34,7 +36,8 @@ const MAX_ROWS: usize = 8;
 const SEED_ENV: &str = "ARBITRARY_ROWS_SEED";
 /// Every case must settle within this.
 const SETTLE: Duration = Duration::from_secs(30);
-/// Name of the relay runtime's threads: a panic on one of them is the relay's.
+/// Name of the relay runtime's threads (with the source's name after it): a panic on one of them
+/// is the relay's.
 const RELAY_THREAD: &str = "relay-runtime";
 
 // ---------------------------------------------------------------------------------------------
@@ -571,13 +574,17 @@ fn case() -> impl Strategy<Value = Case> {
 const INSERT: &str = "INSERT INTO outbox_events
          (aggregate_type, aggregate_id, event_type, headers, created_at, payload, attempts)
      VALUES ($1, $2, $3, $4::text::jsonb, $5::text::timestamptz, $6::text::jsonb, $7)
-     RETURNING id";
+     RETURNING id, octet_length(payload::text)";
+
+/// A row written: its id and the size of its payload as PostgreSQL renders it (and the relay
+/// publishes it), read at the insert (the wal source deletes the rows it publishes).
+type Inserted = (Uuid, i32);
 
 async fn insert_row<C: tokio_postgres::GenericClient>(
     client: &C,
     case: &Case,
     row: &Row,
-) -> Result<Uuid, tokio_postgres::Error> {
+) -> Result<Inserted, tokio_postgres::Error> {
     let (aggregate_type, aggregate_id) = case.aggregate(row);
     let headers = row.headers.value.json();
     let created_at = row.created_at.value.sql();
@@ -596,7 +603,7 @@ async fn insert_row<C: tokio_postgres::GenericClient>(
             ],
         )
         .await?;
-    Ok(inserted.get(0))
+    Ok((inserted.get(0), inserted.get(1)))
 }
 
 /// Writes the case's rows; `None` for a row PostgreSQL refused (nesting too deep, `\u0000`).
@@ -604,7 +611,7 @@ async fn write(
     env: &Env,
     case: &Case,
     refusals: &Mutex<BTreeMap<String, usize>>,
-) -> Vec<Option<Uuid>> {
+) -> Vec<Option<Inserted>> {
     let mut client = env.client().await;
     let mut ids = Vec::with_capacity(case.rows.len());
     let refused = |e: tokio_postgres::Error| {
@@ -670,15 +677,24 @@ struct TableRow {
     last_error: Option<String>,
 }
 
-async fn table(env: &Env) -> Vec<(Uuid, TableRow)> {
-    env.client()
-        .await
-        .query(
+/// Every row written, in `seq` order. With the wal source the rows written are in
+/// `written_ledger` ([`Env::wal_config`]): one no longer in the table was published (deleted).
+async fn table(env: &Env, source: Source) -> Vec<(Uuid, TableRow)> {
+    let sql = match source {
+        Source::Notify => {
             "SELECT id, aggregate_type, aggregate_id, processed_at IS NOT NULL,
                     dead_lettered_at IS NOT NULL, last_error
-             FROM outbox_events ORDER BY seq",
-            &[],
-        )
+             FROM outbox_events ORDER BY seq"
+        }
+        Source::Wal => {
+            "SELECT w.id, w.aggregate_type, w.aggregate_id, e.id IS NULL OR e.processed_at IS NOT NULL,
+                    coalesce(e.dead_lettered_at IS NOT NULL, false), e.last_error
+             FROM written_ledger w LEFT JOIN outbox_events e USING (id) ORDER BY w.seq"
+        }
+    };
+    env.client()
+        .await
+        .query(sql, &[])
         .await
         .expect("read the table")
         .iter()
@@ -693,21 +709,6 @@ async fn table(env: &Env) -> Vec<(Uuid, TableRow)> {
                 },
             )
         })
-        .collect()
-}
-
-/// The size of each row's payload as PostgreSQL renders it (and the relay publishes it).
-async fn payload_bytes(env: &Env, ids: &[Uuid]) -> HashMap<Uuid, i32> {
-    env.client()
-        .await
-        .query(
-            "SELECT id, octet_length(payload::text) FROM outbox_events WHERE id = ANY($1)",
-            &[&ids],
-        )
-        .await
-        .expect("payload sizes")
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
         .collect()
 }
 
@@ -783,14 +784,14 @@ fn reason(error: &str) -> String {
     out.chars().take(90).collect()
 }
 
-/// Panics on the relay's threads, seen by a hook (a panic in a task the relay spawned would
-/// otherwise only end that task).
-fn watch_relay_panics() -> Arc<AtomicBool> {
+/// Panics on the relay's threads (named `thread_name`), seen by a hook (a panic in a task the
+/// relay spawned would otherwise only end that task).
+fn watch_relay_panics(thread_name: String) -> Arc<AtomicBool> {
     let seen = Arc::new(AtomicBool::new(false));
     let flag = seen.clone();
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        if std::thread::current().name() == Some(RELAY_THREAD) {
+        if std::thread::current().name() == Some(thread_name.as_str()) {
             flag.store(true, AtomicOrdering::SeqCst);
         }
         default(info);
@@ -808,8 +809,9 @@ fn seed() -> u64 {
     }
 }
 
-#[test]
-fn rows_of_any_content_are_published_or_dead_lettered() {
+for_each_source!(blocking rows_of_any_content_are_published_or_dead_lettered);
+
+fn rows_of_any_content_are_published_or_dead_lettered(source: Source) {
     if std::env::var_os("RUST_LOG").is_some() {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -817,18 +819,20 @@ fn rows_of_any_content_are_published_or_dead_lettered() {
             .try_init();
     }
     let seed = seed();
-    eprintln!("arbitrary rows: seed {seed} (replay with {SEED_ENV}={seed})");
-    let relay_panicked = watch_relay_panics();
+    eprintln!("arbitrary rows, source {source:?}: seed {seed} (replay with {SEED_ENV}={seed})");
+    let thread_name = format!("{RELAY_THREAD}-{source:?}");
+    let relay_panicked = watch_relay_panics(thread_name.clone());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
-        .thread_name(RELAY_THREAD)
+        .thread_name(thread_name)
         .enable_all()
         .build()
         .expect("tokio runtime");
     let _turn = rt.block_on(testkit::heavy());
     let (env, relay) = rt.block_on(async {
         let env = Env::new().await;
-        let mut config = env.config();
+        // The wal source's slot in place before the relay starts: every row is streamed.
+        let mut config = env.source_config(source).await;
         config.max_attempts = 2;
         config.retry_initial = Duration::from_millis(50);
         config.retry_max = Duration::from_millis(200);
@@ -854,7 +858,7 @@ fn rows_of_any_content_are_published_or_dead_lettered() {
         TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes),
     );
     let result = runner.run(&case(), |case| {
-        rt.block_on(check_case(&env, &relay, &case, &refusals, &tally));
+        rt.block_on(check_case(&env, source, &relay, &case, &refusals, &tally));
         assert!(
             !relay_panicked.load(AtomicOrdering::SeqCst),
             "a relay thread panicked (see above)"
@@ -864,16 +868,18 @@ fn rows_of_any_content_are_published_or_dead_lettered() {
     match result {
         Ok(()) => {}
         Err(TestError::Fail(reason, case)) => {
-            panic!("seed {seed}: {reason}\nfailing case: {case:#?}")
+            panic!("source {source:?}, seed {seed}: {reason}\nfailing case: {case:#?}")
         }
-        Err(TestError::Abort(reason)) => panic!("seed {seed}: aborted: {reason}"),
+        Err(TestError::Abort(reason)) => {
+            panic!("source {source:?}, seed {seed}: aborted: {reason}")
+        }
     }
 
     let tally = tally.into_inner().expect("tally");
     let refusals = refusals.into_inner().expect("refusals");
     let refused: usize = refusals.values().sum();
     eprintln!(
-        "{} rows written in {CASES} cases, {refused} refused by PostgreSQL {refusals:?}: {} published \
+        "{source:?}: {} rows written in {CASES} cases, {refused} refused by PostgreSQL {refusals:?}: {} published \
          ({} clean), {} dead-lettered, {} waiting behind a dead letter; {:.1} s",
         tally.written,
         tally.published,
@@ -908,6 +914,7 @@ fn rows_of_any_content_are_published_or_dead_lettered() {
 
 async fn check_case(
     env: &Env,
+    source: Source,
     relay: &RunningRelay,
     case: &Case,
     refusals: &Mutex<BTreeMap<String, usize>>,
@@ -922,7 +929,7 @@ async fn check_case(
             let settled_outcomes = &settled_outcomes;
             async move {
                 assert!(!relay.handle.is_finished(), "the relay stopped");
-                let outcomes = settled(&table(env).await);
+                let outcomes = settled(&table(env, source).await);
                 let done = outcomes.is_some();
                 *settled_outcomes.borrow_mut() = outcomes;
                 done
@@ -933,8 +940,7 @@ async fn check_case(
     let outcomes = settled_outcomes.into_inner().expect("settled");
     assert!(!relay.handle.is_finished(), "the relay stopped");
 
-    let written: Vec<Uuid> = ids.iter().flatten().copied().collect();
-    let payload_bytes = payload_bytes(env, &written).await;
+    let payload_bytes: HashMap<Uuid, i32> = ids.iter().flatten().copied().collect();
     let stored = env.stored_headers().await;
     let stream_ids = assert_unique(&stored);
     let by_id: HashMap<Uuid, &Stored> = stream_ids.iter().copied().zip(&stored).collect();
@@ -951,8 +957,8 @@ async fn check_case(
     );
 
     let mut tally = tally.lock().expect("tally");
-    for (row, id) in case.rows.iter().zip(&ids) {
-        let Some(id) = id else { continue };
+    for (row, inserted) in case.rows.iter().zip(&ids) {
+        let Some((id, _)) = inserted else { continue };
         tally.written += 1;
         let (aggregate_type, aggregate_id) = case.aggregate(row);
         match &outcomes[id] {
@@ -1037,6 +1043,11 @@ async fn operator_commands_work(env: &Env) {
     }
 }
 
+for_each_source!(
+    status_with_an_infinite_created_at_pending,
+    headers_over_jetstream_64k_are_dead_lettered_at_once,
+);
+
 /// Found by the property test: `now() - min(created_at) FILTER (WHERE dead_lettered_at IS NULL)`
 /// failed with "cannot subtract infinite timestamps" (PostgreSQL 16 and
 /// older; 17 returns an infinite interval) while a pending row with `created_at` infinity or
@@ -1044,9 +1055,9 @@ async fn operator_commands_work(env: &Env) {
 /// row until the relay dead-letters it. Then `outbox-relay status` exits 1, and the relay's gauge
 /// task fails every `stats_interval`, leaves the gauges stale and marks the database as down, so
 /// `/readyz` answers 503 for as long as the row waits.
-#[tokio::test]
-async fn status_with_an_infinite_created_at_pending() {
+async fn status_with_an_infinite_created_at_pending(source: Source) {
     let env = Env::new().await;
+    let mut config = env.source_config(source).await;
     let client = env.client().await;
     client
         .batch_execute(
@@ -1058,7 +1069,6 @@ async fn status_with_an_infinite_created_at_pending() {
         .await
         .expect("insert");
     let addr = testkit::free_addr();
-    let mut config = env.config();
     config.metrics_addr = Some(addr);
     config.stats_interval = Duration::from_millis(100);
     let relay = env.spawn(config).await;
@@ -1080,9 +1090,9 @@ async fn status_with_an_infinite_created_at_pending() {
 /// JetStream stores a message's header block with a 16-bit length and refuses one over 65,535
 /// bytes ("header size exceeds maximum allowed of 64k", error 10097). A row whose headers reach
 /// that is dead-lettered at once, like a payload over max_payload; one byte less is published.
-#[tokio::test]
-async fn headers_over_jetstream_64k_are_dead_lettered_at_once() {
+async fn headers_over_jetstream_64k_are_dead_lettered_at_once(source: Source) {
     let env = Env::new().await;
+    let mut config = env.source_config(source).await;
     // The header block as NATS writes it: "NATS/1.0\r\n", "Name: value\r\n" per header, "\r\n".
     let line = |name: &str, value_len: usize| name.len() + ": ".len() + value_len + "\r\n".len();
     let relay_headers = line("Nats-Msg-Id", 36)
@@ -1117,14 +1127,13 @@ async fn headers_over_jetstream_64k_are_dead_lettered_at_once() {
     let over = insert("big", value_len_for(65_536)).await;
     let fits = insert("fit", value_len_for(65_535)).await; // "fit" is as long as "big"
     env.insert_sql(1, "big", "order.after").await;
-    let mut config = env.config();
     config.max_attempts = 10;
     config.retry_initial = Duration::from_secs(1);
     let relay = env.spawn(config).await;
+    // One dead-lettered, one published (the wal source deletes it): counted where both sources
+    // show it.
     wait_until("both rows settled", Duration::from_secs(10), || async {
-        env.count("processed_at IS NOT NULL OR dead_lettered_at IS NOT NULL")
-            .await
-            == 2
+        env.count("dead_lettered_at IS NOT NULL").await == 1 && env.stream_len().await == 1
     })
     .await;
     let row = client

@@ -1,9 +1,12 @@
 //! The delivery guarantees at the edges: rows locked by others, blocked heads, broker blips, odd
 //! rows, big payloads, start order, blocked-aggregate reports, hand-over on stop, two outboxes in
-//! one database. Each test checks the ledger style of the fault suite where events flow.
+//! one database. Each test checks the ledger style of the fault suite where events flow, for both
+//! sources where a relay runs (the wal source with its slot in place, so that rows are streamed;
+//! it deletes what it publishes, so the checks count pending and dead rows, never processed ones).
 
 use std::time::Duration;
 
+use outbox_relay::Source;
 use testkit::outbox::{assert_ledger, assert_unique, cli, CliRelay, Env};
 use testkit::{free_addr, http_get, pg_client, wait_until, PgCluster, PgOptions};
 use uuid::Uuid;
@@ -29,10 +32,31 @@ async fn drained(env: &Env, timeout: Duration) {
     .await;
 }
 
+/// The CLI arguments of `source` plus `extra`, for [`CliRelay`].
+fn relay_args<'a>(source_args: &'a [String], extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args: Vec<&str> = source_args.iter().map(String::as_str).collect();
+    args.extend_from_slice(extra);
+    args
+}
+
+for_each_source!(
+    a_row_locked_by_someone_else_is_not_overtaken,
+    blocked_heads_do_not_stall_other_aggregates,
+    odd_created_at_values_never_panic,
+    a_payload_over_max_payload_is_dead_lettered_at_once,
+    broker_kill_restart_cycles_spend_no_attempts,
+    relay_waits_for_a_broker_that_starts_later,
+    relay_waits_for_a_database_that_starts_later,
+    relay_fails_fast_on_a_missing_schema,
+);
+
 /// Item 1: a follower locked by another session must not be overtaken by the rows after it.
-#[tokio::test]
-async fn a_row_locked_by_someone_else_is_not_overtaken() {
+async fn a_row_locked_by_someone_else_is_not_overtaken(source: Source) {
     let env = Env::new().await;
+    // Releasing a lock wakes nobody: the relay finds A2 free again at its next fallback poll (the
+    // wal source: its next sweep of the aggregates handed to the table).
+    let mut config = env.source_config(source).await;
+    config.fallback_interval = Duration::from_secs(1);
     env.insert_sql(4, "A", "order.step").await;
     let a = ids_in_seq_order(&env, "A").await;
     let mut locker = env.client().await;
@@ -44,9 +68,6 @@ async fn a_row_locked_by_someone_else_is_not_overtaken() {
     .await
     .expect("lock A2");
     env.insert_sql(1, "B", "order.step").await;
-    // Releasing a lock wakes nobody: the relay finds A2 free again at its next fallback poll.
-    let mut config = env.config();
-    config.fallback_interval = Duration::from_secs(1);
     let relay = env.spawn(config).await;
     // B1 was committed before the relay started, so the first claim holds it with A1; a later
     // claim holds B2. While A2 is locked, nothing of A after A1 may reach the stream.
@@ -71,7 +92,8 @@ async fn a_row_locked_by_someone_else_is_not_overtaken() {
 
 /// Item 1: two pending rows can never share a `seq` (they would both count as their aggregate's
 /// head), and a database that already holds such rows is renumbered by the migration in a
-/// deterministic order: (seq, id), the later rows of each such aggregate after them.
+/// deterministic order: (seq, id), the later rows of each such aggregate after them. Not per
+/// source: the schema's constraint and the migration, no relay.
 #[tokio::test]
 async fn pending_rows_never_share_a_seq() {
     let env = Env::new().await;
@@ -143,9 +165,9 @@ async fn pending_rows_never_share_a_seq() {
 
 /// Item 2: more blocked aggregates than the batch size, sorting before a deep backlog, must not
 /// make claims come back empty while eligible rows exist.
-#[tokio::test]
-async fn blocked_heads_do_not_stall_other_aggregates() {
+async fn blocked_heads_do_not_stall_other_aggregates(source: Source) {
     let env = Env::new().await;
+    let mut config = env.source_config(source).await;
     let client = env.client().await;
     // 15 aggregates whose head is dead (and one row behind each), then one deep aggregate.
     client
@@ -164,7 +186,6 @@ async fn blocked_heads_do_not_stall_other_aggregates() {
         .await
         .expect("blocked aggregates");
     env.insert_sql(300, "z-deep", "order.step").await;
-    let mut config = env.config();
     config.batch_size = 10;
     let relay = env.spawn(config).await;
     // The fallback poll is a minute away: the backlog must move without it.
@@ -174,15 +195,20 @@ async fn blocked_heads_do_not_stall_other_aggregates() {
     assert!(stored
         .iter()
         .all(|m| m.headers["Outbox-Aggregate-Id"] == "z-deep"));
+    // The last batch is recorded a moment after its acks.
+    wait_until("z-deep recorded", Duration::from_secs(10), || async {
+        env.count("processed_at IS NULL").await <= 30
+    })
+    .await;
     assert_eq!(env.count("processed_at IS NULL").await, 30);
     relay.stop().await;
 }
 
 /// Item 4: timestamps outside what RFC 3339 formatters take (before 1970, infinities) never panic
 /// the relay or the operator commands: dates are published as dates, the rest dead-lettered.
-#[tokio::test]
-async fn odd_created_at_values_never_panic() {
+async fn odd_created_at_values_never_panic(source: Source) {
     let env = Env::new().await;
+    env.source_config(source).await;
     let client = env.client().await;
     let insert = |aggregate: &'static str, created_at: &'static str| {
         let client = &client;
@@ -205,7 +231,7 @@ async fn odd_created_at_values_never_panic() {
     let inf = insert("inf", "infinity").await;
     let neg_inf = insert("neg-inf", "-infinity").await;
     let bc = insert("bc", "0100-01-01 00:00:00+00 BC").await;
-    let relay = CliRelay::run(&env, &[]);
+    let relay = CliRelay::run(&env, &relay_args(&env.source_args(source), &[]));
     wait_until("odd rows settled", Duration::from_secs(20), || async {
         env.count("processed_at IS NULL AND dead_lettered_at IS NULL")
             .await
@@ -269,9 +295,9 @@ async fn odd_created_at_values_never_panic() {
 
 /// Item 5: a payload that can never fit the server's max_payload is dead-lettered at once, with
 /// the size and the limit in `last_error`, instead of being retried for an hour.
-#[tokio::test]
-async fn a_payload_over_max_payload_is_dead_lettered_at_once() {
+async fn a_payload_over_max_payload_is_dead_lettered_at_once(source: Source) {
     let env = Env::new().await;
+    let mut config = env.source_config(source).await;
     let client = env.client().await;
     let id: Uuid = client
         .query_one(
@@ -285,7 +311,6 @@ async fn a_payload_over_max_payload_is_dead_lettered_at_once() {
         .get(0);
     env.insert_sql(1, "big", "order.after").await;
     env.insert_sql(1, "small", "order.created").await;
-    let mut config = env.config();
     config.max_attempts = 10;
     config.retry_initial = Duration::from_secs(1);
     let relay = env.spawn(config).await;
@@ -322,7 +347,8 @@ pub(crate) fn peak_rss_kb(pid: u32) -> Option<u64> {
 }
 
 /// Item 6: a backlog of big events drains with the relay's memory bounded by the batch byte
-/// budget (default 32 MiB): peak RSS under twice the budget plus 30 MB.
+/// budget (default 32 MiB): peak RSS under twice the budget plus 30 MB. Table source only: the wal
+/// source's big events through the stream (400, in one and in many transactions) are wal_memory.rs.
 #[tokio::test]
 async fn big_payloads_drain_in_bounded_memory() {
     let env = Env::new().await;
@@ -354,11 +380,25 @@ async fn big_payloads_drain_in_bounded_memory() {
 /// Item 3: nats-server killed (SIGKILL) and restarted three times during a drain: the broker's
 /// trouble spends no attempt (max 1), so nothing is dead-lettered and every event arrives once,
 /// in order per aggregate.
-#[tokio::test]
-async fn broker_kill_restart_cycles_spend_no_attempts() {
+async fn broker_kill_restart_cycles_spend_no_attempts(source: Source) {
     let mut env = Env::new().await;
+    let mut config = env.source_config(source).await;
+    // Every attempt spent, kept: the wal source deletes the rows it publishes, with their counts.
+    env.client()
+        .await
+        .batch_execute(
+            "CREATE TABLE attempts_spent (id uuid, attempts int);
+             CREATE FUNCTION attempts_spent_keep() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 INSERT INTO attempts_spent VALUES (NEW.id, NEW.attempts);
+                 RETURN NULL;
+             END $$;
+             CREATE TRIGGER attempts_spent_keep AFTER UPDATE OF attempts ON outbox_events
+                 FOR EACH ROW WHEN (NEW.attempts > 0) EXECUTE FUNCTION attempts_spent_keep();",
+        )
+        .await
+        .expect("the attempts ledger");
     env.insert_interleaved(2_000, 15).await; // 30,000 events
-    let mut config = env.config();
     config.max_attempts = 1;
     config.fallback_interval = Duration::from_secs(1);
     let relay = env.spawn(config).await;
@@ -381,20 +421,32 @@ async fn broker_kill_restart_cycles_spend_no_attempts() {
         "the broker's restarts dead-lettered events"
     );
     assert_eq!(env.count("attempts > 0").await, 0, "attempts spent");
+    let spent: i64 = env
+        .client()
+        .await
+        .query_one("SELECT count(*) FROM attempts_spent", &[])
+        .await
+        .expect("attempts spent")
+        .get(0);
+    assert_eq!(spent, 0, "attempts spent");
     assert_ledger(&env.written().await, &env.stored().await);
     relay.stop().await;
 }
 
 /// Item 7: NATS down when the relay starts: it keeps trying (healthz 200, readyz 503 naming the
 /// broker) and relays as soon as the broker is there.
-#[tokio::test]
-async fn relay_waits_for_a_broker_that_starts_later() {
+async fn relay_waits_for_a_broker_that_starts_later(source: Source) {
     let mut env = Env::new().await;
+    env.source_config(source).await;
     env.insert_sql(20, "A", "order.created").await;
     env.nats.kill();
     let addr = free_addr();
     let addr_arg = addr.to_string();
-    let mut relay = CliRelay::run_serving(&env, &["--metrics-addr", &addr_arg]);
+    let source_args = env.source_args(source);
+    let mut relay = CliRelay::run_serving(
+        &env,
+        &relay_args(&source_args, &["--metrics-addr", &addr_arg]),
+    );
     wait_until(
         "readyz 503 naming the broker",
         Duration::from_secs(20),
@@ -416,12 +468,12 @@ async fn relay_waits_for_a_broker_that_starts_later() {
 
 /// Item 7: PostgreSQL down when the relay starts (with --create-stream and no stream yet): it
 /// waits, then creates the stream and relays.
-#[tokio::test]
-async fn relay_waits_for_a_database_that_starts_later() {
+async fn relay_waits_for_a_database_that_starts_later(source: Source) {
     let mut pg = tokio::task::spawn_blocking(|| PgCluster::start(PgOptions::default()))
         .await
         .expect("cluster");
     let env = Env::without_stream(&pg).await;
+    env.source_config(source).await;
     let client = env.client().await;
     client
         .batch_execute(
@@ -439,7 +491,14 @@ async fn relay_waits_for_a_database_that_starts_later() {
     .expect("stop");
     let addr = free_addr();
     let addr_arg = addr.to_string();
-    let mut relay = CliRelay::run_serving(&env, &["--create-stream", "--metrics-addr", &addr_arg]);
+    let source_args = env.source_args(source);
+    let mut relay = CliRelay::run_serving(
+        &env,
+        &relay_args(
+            &source_args,
+            &["--create-stream", "--metrics-addr", &addr_arg],
+        ),
+    );
     wait_until(
         "readyz 503 naming the database",
         Duration::from_secs(20),
@@ -469,13 +528,17 @@ async fn relay_waits_for_a_database_that_starts_later() {
 }
 
 /// Item 7: what waiting cannot heal still fails fast: a missing schema.
-#[tokio::test]
-async fn relay_fails_fast_on_a_missing_schema() {
+async fn relay_fails_fast_on_a_missing_schema(source: Source) {
     let db = testkit::shared_pg().create_database().await;
     let nats = testkit::NatsServer::start();
+    let source_args: &[&str] = match source {
+        Source::Notify => &[],
+        Source::Wal => &["--source", "wal", "--slot-name", "no_schema"],
+    };
     let started = std::time::Instant::now();
     let out = testkit::relay_command()
         .args(["run", "--metrics-addr", "off"])
+        .args(source_args)
         .env("DATABASE_URL", &db)
         .env("NATS_URL", nats.url())
         .env("RUST_LOG", "warn")
@@ -487,7 +550,8 @@ async fn relay_fails_fast_on_a_missing_schema() {
     assert!(started.elapsed() < Duration::from_secs(15));
 }
 
-/// Item 8: `status` names the blocked aggregates, their dead head and its error.
+/// Item 8: `status` names the blocked aggregates, their dead head and its error. Not per source: an
+/// operator command over rows made by hand, no relay.
 #[tokio::test]
 async fn status_lists_blocked_aggregates() {
     let env = Env::new().await;
@@ -537,7 +601,8 @@ async fn status_lists_blocked_aggregates() {
 }
 
 /// Item 9: a relay that stops while draining wakes the others, so a rolling restart never waits
-/// for a fallback poll.
+/// for a fallback poll. Table source only: NOTIFY arming and wake-ups (a wal relay standing by
+/// takes over by itself, wal.rs).
 #[tokio::test]
 async fn a_stopping_relay_hands_over_to_the_others() {
     let env = Env::new().await;
@@ -586,7 +651,8 @@ async fn a_stopping_relay_hands_over_to_the_others() {
 }
 
 /// Item 10: two outboxes in one database (`--schema a`, `--schema b`) arm on keys of their own,
-/// so an idle relay of one never counts as the other's.
+/// so an idle relay of one never counts as the other's. Table source only: NOTIFY arming (the wal
+/// source's two outboxes, with a slot each, are wal.rs).
 #[tokio::test]
 async fn two_outboxes_in_one_database_arm_separately() {
     let env = Env::new().await;

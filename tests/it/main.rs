@@ -7,8 +7,24 @@
 
 /// Runs each `async fn name(source: Source)` for both sources, as the tests `name::notify` (the
 /// table source) and `name::wal`: every guarantee holds for both (for the wal source with its slot in place, so that
-/// the rows written are streamed).
+/// the rows written are streamed). `for_each_source!(blocking name, ...)`: the same for a plain
+/// `fn name(source: Source)` that builds its own runtime.
 macro_rules! for_each_source {
+    (blocking $($name:ident),+ $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn notify() {
+                    super::$name(outbox_relay::Source::Notify)
+                }
+
+                #[test]
+                fn wal() {
+                    super::$name(outbox_relay::Source::Wal)
+                }
+            }
+        )+
+    };
     ($($name:ident),+ $(,)?) => {
         $(
             mod $name {
