@@ -144,6 +144,11 @@ pub(crate) struct Pipeline {
     next_batch: BatchId,
     /// Rows and bytes waiting for a batch.
     queued: (usize, usize),
+    /// The indexes of the rows waiting for a batch (cut in this order without walking the rows
+    /// in flight).
+    waiting: BTreeSet<u64>,
+    /// Rows waiting that were not carried (claimed at once, no pause).
+    fresh: usize,
 }
 
 impl Pipeline {
@@ -162,6 +167,8 @@ impl Pipeline {
             Change::Insert(row) => {
                 self.queued.0 += 1;
                 self.queued.1 = self.queued.1.saturating_add(row.size);
+                self.waiting.insert(self.next_index);
+                self.fresh += 1;
                 self.rows.insert(
                     self.next_index,
                     Tracked {
@@ -216,10 +223,10 @@ impl Pipeline {
         let id = self.next_batch;
         let mut taken = Vec::new();
         let mut bytes = 0usize;
-        for (&index, t) in self.rows.iter_mut() {
-            if t.batch.is_some() {
+        for &index in &self.waiting {
+            let Some(t) = self.rows.get_mut(&index) else {
                 continue;
-            }
+            };
             let size = t.row.size;
             if !taken.is_empty()
                 && (taken.len() >= max_rows || bytes.saturating_add(size) > max_bytes)
@@ -228,8 +235,14 @@ impl Pipeline {
             }
             bytes = bytes.saturating_add(size);
             t.batch = Some(id);
+            if !t.carried {
+                self.fresh -= 1;
+            }
             t.carried = false;
             taken.push(index);
+        }
+        for index in &taken {
+            self.waiting.remove(index);
         }
         if taken.is_empty() {
             return None;
@@ -290,24 +303,24 @@ impl Pipeline {
         let Some(at) = self.flight_index(batch) else {
             return Vec::new();
         };
-        // Fates of the rows in the batches before this one.
-        let mut earlier: HashMap<u64, Fate> = HashMap::new();
         let mut handed: HashSet<&AggregateKey> = self.held.iter().collect();
         for f in self.flights.iter().take(at) {
-            earlier.extend(f.fate.iter().map(|(i, fate)| (*i, *fate)));
             handed.extend(f.handed.iter());
         }
-        // Per aggregate, the first row outside this batch that is neither published nor gone:
-        // a row of this batch behind it may not go out now.
+        // Per aggregate, the first row before this batch's last that is outside it and neither
+        // published nor gone: a row of this batch behind it may not go out now.
+        let last = self.flights[at].rows.last().copied().unwrap_or(0);
         let mut carried_from: HashMap<&AggregateKey, u64> = HashMap::new();
-        for (index, t) in &self.rows {
+        for (index, t) in self.rows.range(..last) {
             if t.batch == Some(batch) {
                 continue;
             }
-            let blocks = match t.batch.and_then(|_| earlier.get(index)) {
-                Some(Fate::Published | Fate::Done) => false,
+            let earlier = t
+                .batch
+                .and_then(|b| self.flights.iter().take(at).find(|f| f.id == b));
+            let blocks = match earlier.and_then(|f| f.fate.get(index)) {
                 // With the table: its aggregate is handed over (`handed`).
-                Some(Fate::Table) => false,
+                Some(Fate::Published | Fate::Done | Fate::Table) => false,
                 // Waiting, carried, in a later batch, or not settled.
                 _ => true,
             };
@@ -495,6 +508,10 @@ impl Pipeline {
         if let Some(t) = self.rows.get_mut(&index) {
             t.batch = None;
             t.carried = carried;
+            self.waiting.insert(index);
+            if !carried {
+                self.fresh += 1;
+            }
             self.queued.0 += 1;
             self.queued.1 = self.queued.1.saturating_add(t.row.size);
         }
