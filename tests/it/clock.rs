@@ -232,19 +232,7 @@ async fn status_counts_future_dated_events_at_age_zero_and_names_the_skew() {
     assert_eq!(s["max_future_skew_seconds"], 0.0, "{out}");
 }
 
-/// Sample lines `name{labels} value` summed by metric name (labels dropped).
-fn samples(text: &str) -> HashMap<String, f64> {
-    let mut out = HashMap::new();
-    for line in text
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-    {
-        let (name_labels, value) = line.rsplit_once(' ').expect("sample line");
-        let name = name_labels.split('{').next().expect("name").to_string();
-        *out.entry(name).or_insert(0.0) += value.parse::<f64>().expect("value");
-    }
-    out
-}
+use crate::observability::samples;
 
 async fn scrape(addr: std::net::SocketAddr) -> Option<HashMap<String, f64>> {
     match http_get(addr, "/metrics").await {

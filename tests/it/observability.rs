@@ -8,7 +8,7 @@ use testkit::outbox::Env;
 use testkit::{free_addr, http_get, wait_until};
 
 /// Sample lines `name{labels} value` summed by metric name (labels dropped).
-fn samples(text: &str) -> HashMap<String, f64> {
+pub(crate) fn samples(text: &str) -> HashMap<String, f64> {
     let mut out = HashMap::new();
     for line in text
         .lines()

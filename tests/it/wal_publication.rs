@@ -70,6 +70,25 @@ async fn set_up(env: &Env) -> (tokio_postgres::Client, String) {
     (admin, name)
 }
 
+/// A relay of the CLI streaming, with 10 events out.
+async fn streaming_ten(env: &Env) -> testkit::RelayProcess {
+    let relay = cli_wal(env, &[]);
+    streaming(env).await;
+    env.insert_interleaved(5, 2).await;
+    env.wait_stream_len(10, Duration::from_secs(30)).await;
+    relay
+}
+
+/// `migrate --wal` repairs the publication; 10 more events, and a relay publishes all 30 once and
+/// in order (those the stream skipped from the table).
+async fn repaired_and_all_out(env: &Env) {
+    migrate_wal(env, &[]);
+    env.insert_interleaved(5, 2).await;
+    let relay = cli_wal(env, &[]);
+    all_out_in_order(env, 30, Duration::from_secs(30)).await;
+    assert_eq!(relay.terminate(), Some(0));
+}
+
 /// The refusal: exit code 1, naming the publication and the fix.
 fn assert_refused(code: Option<i32>, log: &str, publication: &str) {
     assert_eq!(code, Some(1), "{log}");
@@ -163,10 +182,7 @@ async fn migrate_wal_repairs_a_publication_changed_by_hand_and_nothing_written_m
 async fn a_relay_whose_stream_ends_checks_the_publication_again_and_refuses_it() {
     let env = Env::new().await;
     let (admin, name) = set_up(&env).await;
-    let mut relay = cli_wal(&env, &[]);
-    streaming(&env).await;
-    env.insert_interleaved(5, 2).await;
-    env.wait_stream_len(10, Duration::from_secs(30)).await;
+    let mut relay = streaming_ten(&env).await;
     admin
         .batch_execute(&format!(
             "ALTER PUBLICATION {name} DROP TABLE outbox_events"
@@ -184,11 +200,7 @@ async fn a_relay_whose_stream_ends_checks_the_publication_again_and_refuses_it()
         "refused after the stream ended: {log}"
     );
     // Repaired, a relay publishes what the stream skipped, from the table.
-    migrate_wal(&env, &[]);
-    env.insert_interleaved(5, 2).await;
-    let relay = cli_wal(&env, &[]);
-    all_out_in_order(&env, 30, Duration::from_secs(30)).await;
-    assert_eq!(relay.terminate(), Some(0));
+    repaired_and_all_out(&env).await;
 }
 
 /// While its stream goes on (empty), a relay notices within seconds that the publication no longer
@@ -197,10 +209,7 @@ async fn a_relay_whose_stream_ends_checks_the_publication_again_and_refuses_it()
 async fn a_streaming_relay_refuses_a_publication_changed_under_it() {
     let env = Env::new().await;
     let (admin, name) = set_up(&env).await;
-    let mut relay = cli_wal(&env, &[]);
-    streaming(&env).await;
-    env.insert_interleaved(5, 2).await;
-    env.wait_stream_len(10, Duration::from_secs(30)).await;
+    let mut relay = streaming_ten(&env).await;
     admin
         .batch_execute(&format!(
             "ALTER PUBLICATION {name} SET (publish = 'update')"
@@ -210,11 +219,7 @@ async fn a_streaming_relay_refuses_a_publication_changed_under_it() {
     env.insert_interleaved(5, 2).await;
     let (code, log) = exit_of(&mut relay, Duration::from_secs(30)).await;
     assert_refused(code, &log, &name);
-    migrate_wal(&env, &[]);
-    env.insert_interleaved(5, 2).await;
-    let relay = cli_wal(&env, &[]);
-    all_out_in_order(&env, 30, Duration::from_secs(30)).await;
-    assert_eq!(relay.terminate(), Some(0));
+    repaired_and_all_out(&env).await;
 }
 
 /// The publication repaired under a running relay before the relay noticed: the rows written
