@@ -153,12 +153,31 @@ pub(crate) async fn run_claim(
     config: &RelayConfig,
     publisher: &Publisher,
     metrics: &Metrics,
-    mut claim: Claim<'_>,
+    claim: Claim<'_>,
     started: Instant,
     before_commit: impl BeforeCommit,
 ) -> Result<BatchReport> {
+    run_claim_with(config, publisher, metrics, claim, started, |_, _| {
+        before_commit
+    })
+    .await
+}
+
+/// [`run_claim`], with the bookkeeping decided from the settled outcome (a sweep takes back the
+/// aggregates that went out).
+pub(crate) async fn run_claim_with<B: BeforeCommit>(
+    config: &RelayConfig,
+    publisher: &Publisher,
+    metrics: &Metrics,
+    mut claim: Claim<'_>,
+    started: Instant,
+    before_commit: impl FnOnce(&Published, &Claim<'_>) -> B,
+) -> Result<BatchReport> {
     match publish_claim(config, publisher, metrics, &mut claim, started).await {
-        Ok(settled) => settled.finish_with(claim, metrics, before_commit).await,
+        Ok(settled) => {
+            let record = before_commit(&settled, &claim);
+            settled.finish_with(claim, metrics, record).await
+        }
         Err(e) => {
             // A broker outage spends no attempts: the rollback releases the rows.
             claim.rollback().await?;

@@ -108,35 +108,30 @@ fn migrate_wal(env: &Env, extra: &[&str]) -> String {
     out
 }
 
-#[tokio::test]
-async fn a_publication_without_the_outbox_table_is_refused_with_the_fix() {
+/// A relay started against the publication after `change` (`{name}`: the publication's name)
+/// exits refused; its log.
+async fn refused_after(change: &str) -> String {
     let env = Env::new().await;
     let (admin, name) = set_up(&env).await;
     admin
-        .batch_execute(&format!(
-            "ALTER PUBLICATION {name} DROP TABLE outbox_events"
-        ))
+        .batch_execute(&change.replace("{name}", &name))
         .await
         .expect("alter publication");
     let mut relay = cli_wal(&env, &[]);
     let (code, log) = exit_of(&mut relay, Duration::from_secs(20)).await;
     assert_refused(code, &log, &name);
+    log
+}
+
+#[tokio::test]
+async fn a_publication_without_the_outbox_table_is_refused_with_the_fix() {
+    let log = refused_after("ALTER PUBLICATION {name} DROP TABLE outbox_events").await;
     assert!(log.contains("public.outbox_events"), "{log}");
 }
 
 #[tokio::test]
 async fn a_publication_that_does_not_publish_inserts_is_refused_with_the_fix() {
-    let env = Env::new().await;
-    let (admin, name) = set_up(&env).await;
-    admin
-        .batch_execute(&format!(
-            "ALTER PUBLICATION {name} SET (publish = 'update')"
-        ))
-        .await
-        .expect("alter publication");
-    let mut relay = cli_wal(&env, &[]);
-    let (code, log) = exit_of(&mut relay, Duration::from_secs(20)).await;
-    assert_refused(code, &log, &name);
+    let log = refused_after("ALTER PUBLICATION {name} SET (publish = 'update')").await;
     assert!(log.contains("insert"), "{log}");
 }
 

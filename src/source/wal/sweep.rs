@@ -10,7 +10,7 @@ use backoff::backoff::Backoff;
 use super::pipeline::Pipeline;
 use super::WalSource;
 use crate::event::AggregateKey;
-use crate::relay::batch::publish_claim;
+use crate::relay::batch::run_claim_with;
 
 /// Aggregates held by the table looked at per sweep.
 const SWEEP_AGGREGATES: usize = 100;
@@ -36,13 +36,19 @@ impl WalSource<'_> {
             )
             .await
         {
-            Ok((mut claim, mut record, info)) => {
+            Ok((claim, mut record, info)) => {
                 next_due = info.next_due;
-                match publish_claim(config, publisher, metrics, &mut claim, started).await {
-                    Ok(published) => {
-                        // Taken back: the aggregates whose every pending row was in this sweep
-                        // and went out. Not those stopped at a row held elsewhere or not
-                        // eligible, nor those with a failure.
+                let taken_back = &mut taken_back;
+                run_claim_with(
+                    config,
+                    publisher,
+                    metrics,
+                    claim,
+                    started,
+                    |published, claim| {
+                        // Taken back: the aggregates whose every pending row was in this sweep and
+                        // went out. Not those stopped at a row held elsewhere or not eligible, nor
+                        // those with a failure.
                         let mut not_out: HashSet<AggregateKey> =
                             published.unsettled.iter().cloned().collect();
                         not_out.extend(info.held.iter().cloned());
@@ -56,17 +62,11 @@ impl WalSource<'_> {
                         record
                             .undefer
                             .extend(info.complete.into_iter().filter(|k| out.contains(k)));
-                        taken_back = record.undefer.clone();
-                        published.finish_with(claim, metrics, record).await
-                    }
-                    Err(e) => {
-                        // A broker outage spends no attempts: the rollback releases the rows.
-                        match claim.rollback().await {
-                            Ok(()) => Err(e),
-                            Err(rollback) => Err(rollback),
-                        }
-                    }
-                }
+                        taken_back.clone_from(&record.undefer);
+                        record
+                    },
+                )
+                .await
             }
             Err(e) => Err(e),
         };
