@@ -48,7 +48,43 @@ for_each_source!(
     relay_waits_for_a_broker_that_starts_later,
     relay_waits_for_a_database_that_starts_later,
     relay_fails_fast_on_a_missing_schema,
+    header_numbers_reach_the_broker_as_the_row_wrote_them,
 );
+
+/// A header whose value is a JSON number reaches the broker with every digit the row holds (jsonb
+/// keeps numbers as `numeric`): neither a 30-digit integer nor a decimal with 20 places goes
+/// through a float on the way. Other values keep their form (strings as they are, anything else
+/// as compact JSON).
+async fn header_numbers_reach_the_broker_as_the_row_wrote_them(source: Source) {
+    let env = Env::new().await;
+    let config = env.source_config(source).await;
+    let relay = env.spawn(config).await;
+    let client = env.client().await;
+    client
+        .execute(
+            r#"INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, headers)
+               VALUES ('order', 'n-1', 'order.priced', '{}',
+                       '{"big": 123456789012345678901234567890,
+                         "dec": 0.12345678901234567890,
+                         "neg": -42,
+                         "flag": true,
+                         "text": "12345678901234567890123",
+                         "obj": {"a": 1, "b": [1.5, "x"]}}')"#,
+            &[],
+        )
+        .await
+        .expect("insert");
+    env.wait_stream_len(1, Duration::from_secs(10)).await;
+    let stored = env.stored().await;
+    let h = &stored[0].headers;
+    assert_eq!(h["big"], "123456789012345678901234567890");
+    assert_eq!(h["dec"], "0.12345678901234567890");
+    assert_eq!(h["neg"], "-42");
+    assert_eq!(h["flag"], "true");
+    assert_eq!(h["text"], "12345678901234567890123");
+    assert_eq!(h["obj"], r#"{"a":1,"b":[1.5,"x"]}"#);
+    relay.stop().await;
+}
 
 /// Item 1: a follower locked by another session must not be overtaken by the rows after it.
 async fn a_row_locked_by_someone_else_is_not_overtaken(source: Source) {
