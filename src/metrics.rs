@@ -304,11 +304,16 @@ impl Metrics {
     /// Counts an event acknowledged by JetStream, under its event type or `other` (see
     /// [`EventTypeCap`]).
     pub fn count_published(&self, event_type: &str) {
+        self.count_published_n(event_type, 1);
+    }
+
+    /// Counts `n` published events of one type (see [`Metrics::count_published`]).
+    pub fn count_published_n(&self, event_type: &str, n: u64) {
         self.published
             .get_or_create(&EventTypeLabel {
                 event_type: self.published_event_types.label(event_type),
             })
-            .inc();
+            .inc_by(n);
     }
 
     /// Counts a failed publish, under its event type or `other` (see [`EventTypeCap`]).

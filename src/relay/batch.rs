@@ -240,7 +240,14 @@ pub(crate) async fn publish_claim(
     }
 
     let policy = RetryPolicy::of(config);
-    let settlement = settle(&policy, &claim.groups, &outcomes, |s| observe(metrics, s));
+    // Published events are counted per event type once per batch, in the order the types came.
+    let mut tally: Vec<(&str, u64)> = Vec::new();
+    let settlement = settle(&policy, &claim.groups, &outcomes, |s| {
+        observe(metrics, &mut tally, s)
+    });
+    for (event_type, n) in tally {
+        metrics.count_published_n(event_type, n);
+    }
     published.unsettled = claim
         .groups
         .iter()
@@ -298,6 +305,9 @@ impl Published {
     }
 }
 
+/// Event types tallied per batch before counting the rest one by one (bounds the search).
+const MAX_TALLY: usize = 32;
+
 /// A log line about one event, with its identifying fields.
 macro_rules! log_event {
     ($level:expr, $event:expr, $($rest:tt)+) => {
@@ -312,15 +322,23 @@ macro_rules! log_event {
     };
 }
 
-/// Metrics and logs of one settled event.
-fn observe(metrics: &Metrics, settled: Settled<'_>) {
+/// Metrics and logs of one settled event; a published one is added to `tally` (by event type).
+fn observe<'a>(metrics: &Metrics, tally: &mut Vec<(&'a str, u64)>, settled: Settled<'a>) {
     match settled {
         Settled::Published {
             event,
             duplicate,
             acked_at,
         } => {
-            metrics.count_published(&event.event_type);
+            // Batches hold few event types, mostly in runs: the last one first.
+            let event_type = event.event_type.as_str();
+            if let Some((_, n)) = tally.iter_mut().rev().find(|(t, _)| *t == event_type) {
+                *n += 1;
+            } else if tally.len() < MAX_TALLY {
+                tally.push((event_type, 1));
+            } else {
+                metrics.count_published(event_type);
+            }
             if let Some(lag) = event
                 .created_at
                 .system_time()

@@ -3,7 +3,7 @@
 //! side by side. What to claim, what to publish and how far the slot may confirm is decided by
 //! the pure [`Pipeline`]; this loop performs it and reports what happened.
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use backoff::backoff::Backoff;

@@ -17,8 +17,10 @@
 //! earlier row of its aggregate was published; a row behind one that is carried is carried too;
 //! a row behind one that went to the table goes to the table.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::hash::BuildHasher;
 
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use uuid::Uuid;
 
 use crate::event::AggregateKey;
@@ -109,9 +111,18 @@ struct Flight {
     stage: Stage,
     /// The rows' indexes, in stream order.
     rows: Vec<u64>,
-    fate: HashMap<u64, Fate>,
+    /// Each row's fate (beside `rows`), once the claim decided it.
+    fate: Vec<Fate>,
     /// Aggregates this batch hands to the table when it is recorded.
     handed: BTreeSet<AggregateKey>,
+}
+
+impl Flight {
+    /// The fate of the row at stream `index` (rows are in stream order), once decided.
+    fn fate_of(&self, index: u64) -> Option<Fate> {
+        let at = self.rows.binary_search(&index).ok()?;
+        self.fate.get(at).copied()
+    }
 }
 
 #[derive(Debug)]
@@ -198,7 +209,12 @@ impl Pipeline {
 
     /// Rows wait for a batch, and some were not carried (claim now, no pause needed).
     pub fn has_fresh(&self) -> bool {
-        self.rows.values().any(|t| t.batch.is_none() && !t.carried)
+        debug_assert_eq!(
+            self.fresh > 0,
+            self.rows.values().any(|t| t.batch.is_none() && !t.carried),
+            "the count of fresh rows drifted"
+        );
+        self.fresh > 0
     }
 
     /// Batches in flight.
@@ -255,7 +271,7 @@ impl Pipeline {
             id,
             stage: Stage::Claiming,
             rows: taken,
-            fate: HashMap::new(),
+            fate: Vec::new(),
             handed: BTreeSet::new(),
         });
         Some(Cut { batch: id, rows })
@@ -263,7 +279,11 @@ impl Pipeline {
 
     /// The claim of `batch` found `found` (a candidate missing there: not visible). Decides each
     /// row's fate inside the batch; the batches before it are settled when it publishes.
-    pub fn claimed(&mut self, batch: BatchId, found: &HashMap<Uuid, Found>) {
+    pub fn claimed<S: BuildHasher>(
+        &mut self,
+        batch: BatchId,
+        found: &std::collections::HashMap<Uuid, Found, S>,
+    ) {
         let Some(at) = self.flight_index(batch) else {
             return;
         };
@@ -274,6 +294,7 @@ impl Pipeline {
         // the table holds the aggregate, the rest goes to the table (if visible).
         let mut carrying: HashSet<&AggregateKey> = HashSet::new();
         let mut to_table: HashSet<&AggregateKey> = HashSet::new();
+        flight.fate.clear();
         for index in &flight.rows {
             let row = &rows[index].row;
             let key = &row.aggregate;
@@ -290,7 +311,7 @@ impl Pipeline {
             } else {
                 Fate::Publish
             };
-            flight.fate.insert(*index, fate);
+            flight.fate.push(fate);
         }
         flight.stage = Stage::Claimed;
     }
@@ -303,22 +324,21 @@ impl Pipeline {
         let Some(at) = self.flight_index(batch) else {
             return Vec::new();
         };
-        let mut handed: HashSet<&AggregateKey> = self.held.iter().collect();
-        for f in self.flights.iter().take(at) {
-            handed.extend(f.handed.iter());
-        }
+        let (earlier, rest) = self.flights.make_contiguous().split_at_mut(at);
+        let flight = &mut rest[0];
         // Per aggregate, the first row before this batch's last that is outside it and neither
         // published nor gone: a row of this batch behind it may not go out now.
-        let last = self.flights[at].rows.last().copied().unwrap_or(0);
+        let last = flight.rows.last().copied().unwrap_or(0);
         let mut carried_from: HashMap<&AggregateKey, u64> = HashMap::new();
         for (index, t) in self.rows.range(..last) {
             if t.batch == Some(batch) {
                 continue;
             }
-            let earlier = t
+            let fate = t
                 .batch
-                .and_then(|b| self.flights.iter().take(at).find(|f| f.id == b));
-            let blocks = match earlier.and_then(|f| f.fate.get(index)) {
+                .and_then(|b| earlier.iter().find(|f| f.id == b))
+                .and_then(|f| f.fate_of(*index));
+            let blocks = match fate {
                 // With the table: its aggregate is handed over (`handed`).
                 Some(Fate::Published | Fate::Done | Fate::Table) => false,
                 // Waiting, carried, in a later batch, or not settled.
@@ -328,36 +348,29 @@ impl Pipeline {
                 carried_from.entry(&t.row.aggregate).or_insert(*index);
             }
         }
-        let carried_from: HashMap<AggregateKey, u64> = carried_from
-            .into_iter()
-            .map(|(k, i)| (k.clone(), i))
-            .collect();
-        let handed: HashSet<AggregateKey> = handed.into_iter().cloned().collect();
-        let rows = &self.rows;
-        let flight = &mut self.flights[at];
+        let handed = |key: &AggregateKey| {
+            self.held.contains(key) || earlier.iter().any(|f| f.handed.contains(key))
+        };
         let mut groups: Vec<Vec<Uuid>> = Vec::new();
-        let mut group_of: HashMap<AggregateKey, usize> = HashMap::new();
-        for index in &flight.rows {
-            let row = &rows[index].row;
-            let Some(fate) = flight.fate.get_mut(index) else {
-                continue;
-            };
+        let mut group_of: HashMap<&AggregateKey, usize> = HashMap::new();
+        for (index, fate) in flight.rows.iter().zip(flight.fate.iter_mut()) {
             if *fate != Fate::Publish {
                 continue;
             }
+            let row = &self.rows[index].row;
             if carried_from
                 .get(&row.aggregate)
                 .is_some_and(|first| first < index)
             {
                 *fate = Fate::Carry;
-            } else if handed.contains(&row.aggregate) {
+            } else if handed(&row.aggregate) {
                 *fate = Fate::Table;
                 flight.handed.insert(row.aggregate.clone());
             } else {
                 match group_of.get(&row.aggregate) {
                     Some(&g) => groups[g].push(row.id),
                     None => {
-                        group_of.insert(row.aggregate.clone(), groups.len());
+                        group_of.insert(&row.aggregate, groups.len());
                         groups.push(vec![row.id]);
                     }
                 }
@@ -370,22 +383,24 @@ impl Pipeline {
     /// The outcome of `batch`'s publish: `published` were acked; the others of its groups were
     /// not (failed, or held back behind a failure): their aggregates go to the table. Returns the
     /// aggregates the batch hands to the table (to record with it).
-    pub fn settled(&mut self, batch: BatchId, published: &HashSet<Uuid>) -> Vec<AggregateKey> {
+    pub fn settled<S: BuildHasher>(
+        &mut self,
+        batch: BatchId,
+        published: &std::collections::HashSet<Uuid, S>,
+    ) -> Vec<AggregateKey> {
         let Some(at) = self.flight_index(batch) else {
             return Vec::new();
         };
         let rows = &self.rows;
         let flight = &mut self.flights[at];
-        for index in &flight.rows {
-            let row = &rows[index].row;
-            if let Some(fate) = flight.fate.get_mut(index) {
-                if *fate == Fate::Publish {
-                    if published.contains(&row.id) {
-                        *fate = Fate::Published;
-                    } else {
-                        *fate = Fate::Table;
-                        flight.handed.insert(row.aggregate.clone());
-                    }
+        for (index, fate) in flight.rows.iter().zip(flight.fate.iter_mut()) {
+            if *fate == Fate::Publish {
+                let row = &rows[index].row;
+                if published.contains(&row.id) {
+                    *fate = Fate::Published;
+                } else {
+                    *fate = Fate::Table;
+                    flight.handed.insert(row.aggregate.clone());
                 }
             }
         }
@@ -407,8 +422,8 @@ impl Pipeline {
         let Some(flight) = self.flights.pop_front() else {
             return;
         };
-        for index in &flight.rows {
-            match flight.fate.get(index) {
+        for (i, index) in flight.rows.iter().enumerate() {
+            match flight.fate.get(i) {
                 Some(Fate::Published | Fate::Table | Fate::Done) => {
                     self.rows.remove(index);
                 }

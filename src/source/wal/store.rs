@@ -3,7 +3,7 @@
 //! delete in its transaction. Built on the table source's [`Store`] (its connection, session and
 //! claim), with statements of its own prepared on the same connection.
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::time::Duration;
 
 use tokio_postgres::types::{ToSql, Type};
@@ -307,7 +307,7 @@ impl WalStore {
     pub async fn sweep(
         &mut self,
         aggregates: &[AggregateKey],
-        frozen: &HashSet<AggregateKey>,
+        frozen: &foldhash::HashSet<AggregateKey>,
         per_aggregate: usize,
         max_rows: usize,
         max_bytes: usize,
@@ -609,7 +609,8 @@ mod tests {
             (c[3].id, RowState::Done),
             (c[7].id, RowState::NotVisible),
         ]
-        .into();
+        .into_iter()
+        .collect();
         let g = group_candidates(&c, &mut claimed, &states);
         let ids: Vec<Vec<Uuid>> = g
             .groups

@@ -316,9 +316,18 @@ fn candidate(columns: &Columns, values: &[Value], xid: u32, size: usize) -> Resu
             false,
         )),
     };
-    let id = text(columns.id, "id")?;
-    let id = Uuid::parse_str(&id)
-        .map_err(|e| Error::replication(format!("id {id:?} is not a uuid: {e}"), false))?;
+    let id = match values.get(columns.id) {
+        Some(Value::Text(bytes)) => Uuid::try_parse_ascii(bytes).map_err(|e| {
+            let id = String::from_utf8_lossy(bytes);
+            Error::replication(format!("id {id:?} is not a uuid: {e}"), false)
+        })?,
+        _ => {
+            return Err(Error::replication(
+                "an inserted row has no text value for id",
+                false,
+            ))
+        }
+    };
     let aggregate: AggregateKey = (
         text(columns.aggregate_type, "aggregate_type")?,
         text(columns.aggregate_id, "aggregate_id")?,

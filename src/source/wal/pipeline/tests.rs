@@ -297,7 +297,7 @@ impl World {
                 let ids =
                     |v: &[usize]| -> Vec<Uuid> { v.iter().map(|&i| self.rows[i].id).collect() };
                 let (acked, failed) = (ids(&acked), ids(&failed));
-                let handed = p.settled(id, &acked.iter().copied().collect());
+                let handed = p.settled(id, &acked.iter().copied().collect::<HashSet<_>>());
                 self.batches[at].published = Some((acked, failed, handed));
             }
             Op::Record(fails) => {
