@@ -7,16 +7,19 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::DbClock;
-use crate::config::RelayConfig;
+use crate::config::{PostgresConfig, RetentionConfig};
 use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::ops::{self, Progress, Retained};
 
-/// Refreshes the pending / oldest-age / dead-letter gauges every `stats_interval` (not per batch:
-/// the count is a scan of the pending index), records whether the database answers, and measures
-/// the database's clock again (it may drift from this machine's).
+/// Refreshes the pending / oldest-age / dead-letter gauges every `interval` (not per batch: the
+/// count is a scan of the pending index), records whether the database answers, and measures the
+/// database's clock again (it may drift from this machine's). `slot`: the wal source's, whose lag
+/// is measured too.
 pub(crate) async fn stats(
-    config: RelayConfig,
+    postgres: PostgresConfig,
+    interval: Duration,
+    slot: Option<String>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     clock: Arc<DbClock>,
@@ -24,7 +27,7 @@ pub(crate) async fn stats(
 ) {
     let mut client = None;
     let mut future_dated = FirstSeen::default();
-    let mut tick = tokio::time::interval(config.stats_interval);
+    let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -35,7 +38,7 @@ pub(crate) async fn stats(
             .as_ref()
             .is_none_or(|c: &tokio_postgres::Client| c.is_closed())
         {
-            client = crate::db::connect(&config.database_url, "outbox-relay-stats")
+            client = crate::db::connect(postgres.url.expose(), "outbox-relay-stats")
                 .await
                 .ok();
         }
@@ -43,7 +46,7 @@ pub(crate) async fn stats(
             health.set_database(false);
             continue;
         };
-        let status = crate::ops::status_in(c, config.schema.as_deref());
+        let status = crate::ops::status_in(c, postgres.schema.as_deref());
         match tokio::time::timeout(Duration::from_secs(5), status).await {
             Ok(Ok(s)) => {
                 health.set_database(true);
@@ -55,8 +58,8 @@ pub(crate) async fn stats(
                 if let Err(e) = clock.measure(&*c).await {
                     tracing::debug!(error = %e, "reading the database's clock failed");
                 }
-                if config.source == crate::config::Source::Wal {
-                    replication_lag(c, &config.slot(), &metrics).await;
+                if let Some(slot) = &slot {
+                    replication_lag(c, slot, &metrics).await;
                 }
             }
             Ok(Err(e)) => {
@@ -118,15 +121,16 @@ async fn replication_lag(client: &tokio_postgres::Client, slot: &str, metrics: &
 /// relays and consumers run.
 const RETENTION_BATCH: i64 = 1000;
 
-/// Deletes processed outbox rows older than `retention`, and `processed_events` rows older than
-/// `processed_events_retention`, in small batches: every tenth of the shorter retention, between
+/// Deletes processed outbox rows older than `retention.processed`, and `processed_events` rows
+/// older than `retention.processed_events`, in small batches: every tenth of the shorter retention, between
 /// once a second and once a minute.
 pub(crate) async fn retention(
-    config: RelayConfig,
+    postgres: PostgresConfig,
+    retention: RetentionConfig,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
-    let Some(shortest) = [config.retention, config.processed_events_retention]
+    let Some(shortest) = [retention.processed, retention.processed_events]
         .into_iter()
         .flatten()
         .min()
@@ -134,7 +138,7 @@ pub(crate) async fn retention(
         return;
     };
     let period = (shortest / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
-    let schema = config.schema.as_deref();
+    let schema = postgres.schema.as_deref();
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut client: Option<tokio_postgres::Client> = None;
@@ -148,7 +152,7 @@ pub(crate) async fn retention(
             .as_ref()
             .is_none_or(tokio_postgres::Client::is_closed)
         {
-            client = match crate::db::connect(&config.database_url, "outbox-relay-cleanup").await {
+            client = match crate::db::connect(postgres.url.expose(), "outbox-relay-cleanup").await {
                 Ok(c) => Some(c),
                 Err(e) => {
                     tracing::warn!(error = %e, "retention cleanup failed");
@@ -160,8 +164,8 @@ pub(crate) async fn retention(
             continue;
         };
         let rounds = [
-            (Retained::OutboxEvents, config.retention),
-            (Retained::ProcessedEvents, config.processed_events_retention),
+            (Retained::OutboxEvents, retention.processed),
+            (Retained::ProcessedEvents, retention.processed_events),
         ];
         for (table, older_than) in rounds {
             let Some(older_than) = older_than else {

@@ -7,10 +7,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+use outbox_relay::config::{
+    BatchConfig, MetricsConfig, NatsConfig, PostgresConfig, PublishConfig, RetentionConfig,
+    RetryConfig, Secret, SourceConfig, WalConfig,
+};
 use outbox_relay::{HeaderFormat, NotifyMode, Ordering, RelayConfig, Source, WalMarking};
 use uuid::Uuid;
 
-/// The library's defaults are the CLI's: written once, in `RelayConfig::default()`.
+/// The library's defaults are the CLI's: written once, in each section's `Default`.
 fn defaults() -> RelayConfig {
     RelayConfig::default()
 }
@@ -241,16 +245,50 @@ value_enum!(NotifyModeArg <=> NotifyMode {
     Poll = Poll,
 });
 
-#[derive(Debug, Args)]
+/// `run`'s flags, in the library's configuration sections (each converts into its section).
+#[derive(Debug, Clone, Args)]
 pub struct RunArgs {
+    #[command(flatten)]
+    pub postgres: PostgresArgs,
+    #[command(flatten)]
+    pub nats: NatsArgs,
+    #[command(flatten)]
+    pub publish: PublishArgs,
+    #[command(flatten)]
+    pub batch: BatchArgs,
+    #[command(flatten)]
+    pub retry: RetryArgs,
+    #[command(flatten)]
+    pub source: SourceArgs,
+    #[command(flatten)]
+    pub wal: WalArgs,
+    #[command(flatten)]
+    pub retention: RetentionArgs,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
+}
+
+/// PostgreSQL ([`PostgresConfig`]; `--database-url` and `--schema` are global).
+#[derive(Debug, Clone, Args)]
+pub struct PostgresArgs {
     /// Separate URL for the LISTEN connection (direct to PostgreSQL when --database-url goes
     /// through PgBouncer in transaction mode).
     #[arg(long, env = "OUTBOX_LISTEN_DATABASE_URL", hide_env_values = true)]
     pub listen_database_url: Option<String>,
+    /// Prepare the relay's statements once per connection. `false` behind a transaction pooler
+    /// that does not keep prepared statements (PgBouncer before 1.21, or without
+    /// `max_prepared_statements`): statements are then sent unnamed, planned each time.
+    #[arg(long, env = "OUTBOX_PREPARED_STATEMENTS", default_value_t = defaults().postgres.prepared_statements, action = clap::ArgAction::Set)]
+    pub prepared_statements: bool,
+}
+
+/// NATS and the stream ([`NatsConfig`]).
+#[derive(Debug, Clone, Args)]
+pub struct NatsArgs {
     #[arg(
         long,
         env = "NATS_URL",
-        default_value_t = defaults().nats_url,
+        default_value_t = defaults().nats.url.expose().to_string(),
         hide_env_values = true
     )]
     pub nats_url: String,
@@ -285,14 +323,19 @@ pub struct RunArgs {
     #[arg(long, env = "NATS_TLS_KEY")]
     pub nats_tls_key: Option<PathBuf>,
     /// JetStream stream (checked at start).
-    #[arg(long, env = "OUTBOX_STREAM", default_value_t = defaults().stream)]
+    #[arg(long, env = "OUTBOX_STREAM", default_value_t = defaults().nats.stream)]
     pub stream: String,
     /// Create the stream when it is missing (file storage, subjects <prefix>.> or the subject
     /// template's leading literal tokens followed by `>`, 2m+ dedup window).
     #[arg(long, env = "OUTBOX_CREATE_STREAM")]
     pub create_stream: bool,
+}
+
+/// Subjects, headers, ack timeout ([`PublishConfig`]).
+#[derive(Debug, Clone, Args)]
+pub struct PublishArgs {
     /// Events go to <prefix>.<event_type>.
-    #[arg(long, env = "OUTBOX_SUBJECT_PREFIX", default_value_t = defaults().subject_prefix)]
+    #[arg(long, env = "OUTBOX_SUBJECT_PREFIX", default_value_t = defaults().publish.subject_prefix)]
     pub subject_prefix: String,
     /// Route events by their fields instead: placeholders {event_type}, {aggregate_type} and
     /// {aggregate_id}, for example `orders.{aggregate_type}.{event_type}` (default:
@@ -307,54 +350,74 @@ pub struct RunArgs {
     /// Metadata headers on each message: `outbox` (Outbox-*), `cloudevents` (the CloudEvents NATS
     /// binding: ce-specversion, ce-id, ce-type, ce-source, ce-time, ce-subject, content-type), or
     /// `both`. Nats-Msg-Id is always set.
-    #[arg(long, env = "OUTBOX_HEADERS", value_enum, default_value_t = defaults().header_format.into())]
+    #[arg(long, env = "OUTBOX_HEADERS", value_enum, default_value_t = defaults().publish.header_format.into())]
     pub headers: HeaderFormatArg,
     /// CloudEvents `source` (a URI-reference naming the producer, e.g. /orders-service), sent as
     /// ce-source with --headers cloudevents or both.
-    #[arg(long, env = "OUTBOX_CE_SOURCE", default_value_t = defaults().ce_source)]
+    #[arg(long, env = "OUTBOX_CE_SOURCE", default_value_t = defaults().publish.ce_source)]
     pub ce_source: String,
-    /// Poll this often even without notifications.
-    #[arg(long, env = "OUTBOX_FALLBACK_INTERVAL", default_value_t = defaults().fallback_interval.into())]
-    pub fallback_interval: humantime::Duration,
-    #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = defaults().batch_size)]
+    #[arg(long, env = "OUTBOX_PUBLISH_TIMEOUT", default_value_t = defaults().publish.timeout.into())]
+    pub publish_timeout: humantime::Duration,
+}
+
+/// Batching ([`BatchConfig`]).
+#[derive(Debug, Clone, Args)]
+pub struct BatchArgs {
+    #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = defaults().batch.size)]
     pub batch_size: usize,
-    /// Prepare the relay's statements once per connection. `false` behind a transaction pooler
-    /// that does not keep prepared statements (PgBouncer before 1.21, or without
-    /// `max_prepared_statements`): statements are then sent unnamed, planned each time.
-    #[arg(long, env = "OUTBOX_PREPARED_STATEMENTS", default_value_t = defaults().prepared_statements, action = clap::ArgAction::Set)]
-    pub prepared_statements: bool,
     /// Payload bytes per batch (`32MiB`, `4MB`, `1000000`): bounds the relay's memory whatever the
     /// payloads; a single larger event still goes, alone.
-    #[arg(long, env = "OUTBOX_MAX_BATCH_BYTES", default_value_t = ByteSize(defaults().max_batch_bytes), value_parser = parse_bytes)]
+    #[arg(long, env = "OUTBOX_MAX_BATCH_BYTES", default_value_t = ByteSize(defaults().batch.max_bytes), value_parser = parse_bytes)]
     pub max_batch_bytes: ByteSize,
-    #[arg(long, env = "OUTBOX_MAX_ATTEMPTS", default_value_t = defaults().max_attempts)]
-    pub max_attempts: u32,
-    #[arg(long, env = "OUTBOX_PUBLISH_TIMEOUT", default_value_t = defaults().publish_timeout.into())]
-    pub publish_timeout: humantime::Duration,
-    #[arg(long, env = "OUTBOX_RETRY_INITIAL", default_value_t = defaults().retry_initial.into())]
-    pub retry_initial: humantime::Duration,
-    #[arg(long, env = "OUTBOX_RETRY_MAX", default_value_t = defaults().retry_max.into())]
-    pub retry_max: humantime::Duration,
     /// `aggregate`: per-aggregate seq order; `none`: raw throughput.
-    #[arg(long, env = "OUTBOX_ORDERING", value_enum, default_value_t = defaults().ordering.into())]
+    #[arg(long, env = "OUTBOX_ORDERING", value_enum, default_value_t = defaults().batch.ordering.into())]
     pub ordering: OrderingArg,
-    /// `gated`: writers notify only while a relay waits; `always`: every writer notifies;
-    /// `poll`: no LISTEN, poll every --fallback-interval.
-    #[arg(long, env = "OUTBOX_NOTIFY_MODE", value_enum, default_value_t = defaults().notify_mode.into())]
-    pub notify_mode: NotifyModeArg,
+}
+
+/// Retries ([`RetryConfig`]).
+#[derive(Debug, Clone, Args)]
+pub struct RetryArgs {
+    #[arg(long, env = "OUTBOX_MAX_ATTEMPTS", default_value_t = defaults().retry.max_attempts)]
+    pub max_attempts: u32,
+    #[arg(long, env = "OUTBOX_RETRY_INITIAL", default_value_t = defaults().retry.initial.into())]
+    pub retry_initial: humantime::Duration,
+    #[arg(long, env = "OUTBOX_RETRY_MAX", default_value_t = defaults().retry.max.into())]
+    pub retry_max: humantime::Duration,
+}
+
+/// Source and wake-ups ([`SourceConfig`]).
+#[derive(Debug, Clone, Args)]
+pub struct SourceArgs {
     /// `notify`: claim pending rows from the table, woken by NOTIFY; `wal`: stream committed
     /// inserts from a logical replication slot, in commit order (wal_level=logical, a role with
     /// REPLICATION, `migrate --wal`; one relay streams, others stand by).
-    #[arg(long, env = "OUTBOX_SOURCE", value_enum, default_value_t = defaults().source.into())]
+    #[arg(long, env = "OUTBOX_SOURCE", value_enum, default_value_t = defaults().source.source.into())]
     pub source: SourceArg,
+    /// `gated`: writers notify only while a relay waits; `always`: every writer notifies;
+    /// `poll`: no LISTEN, poll every --fallback-interval.
+    #[arg(long, env = "OUTBOX_NOTIFY_MODE", value_enum, default_value_t = defaults().source.notify_mode.into())]
+    pub notify_mode: NotifyModeArg,
+    /// Poll this often even without notifications.
+    #[arg(long, env = "OUTBOX_FALLBACK_INTERVAL", default_value_t = defaults().source.fallback_interval.into())]
+    pub fallback_interval: humantime::Duration,
+}
+
+/// The wal source ([`WalConfig`]).
+#[derive(Debug, Clone, Args)]
+pub struct WalArgs {
     /// The replication slot of --source wal (created when missing; one per outbox).
     /// Default: outbox_relay, or outbox_relay_<schema> with --schema.
     #[arg(long, env = "OUTBOX_SLOT_NAME", value_name = "NAME")]
     pub slot_name: Option<String>,
     /// How --source wal records a published row: `delete` it (the stream holds it; cheapest for
     /// PostgreSQL) or `update` it (processed_at, kept until cleanup, as the notify source does).
-    #[arg(long, env = "OUTBOX_WAL_MARKING", value_enum, default_value_t = defaults().wal_marking.into())]
+    #[arg(long, env = "OUTBOX_WAL_MARKING", value_enum, default_value_t = defaults().wal.marking.into())]
     pub wal_marking: WalMarkingArg,
+}
+
+/// Retention ([`RetentionConfig`]).
+#[derive(Debug, Clone, Args)]
+pub struct RetentionArgs {
     /// Delete processed rows older than this, periodically (off by default).
     #[arg(long, env = "OUTBOX_RETENTION", value_parser = humantime::parse_duration)]
     pub retention: Option<Duration>,
@@ -362,13 +425,135 @@ pub struct RunArgs {
     /// periodically (off by default). Keep it longer than any redelivery can come.
     #[arg(long, env = "OUTBOX_PROCESSED_EVENTS_RETENTION", value_parser = humantime::parse_duration)]
     pub processed_events_retention: Option<Duration>,
+}
+
+/// Metrics and the HTTP address ([`MetricsConfig`]).
+#[derive(Debug, Clone, Args)]
+pub struct MetricsArgs {
     /// Distinct event_type label values per metric; further event types are counted as
     /// event_type="other".
-    #[arg(long, env = "OUTBOX_METRICS_EVENT_TYPES_MAX", default_value_t = defaults().metrics_event_types_max)]
+    #[arg(long, env = "OUTBOX_METRICS_EVENT_TYPES_MAX", default_value_t = defaults().metrics.event_types_max)]
     pub metrics_event_types_max: usize,
     /// Address for /metrics, /healthz, /readyz; `off` disables.
     #[arg(long, env = "OUTBOX_METRICS_ADDR", default_value = "127.0.0.1:9464", value_parser = parse_metrics_addr)]
     pub metrics_addr: MetricsAddr,
+}
+
+impl RunArgs {
+    /// The relay's configuration: each section from its flags.
+    pub fn into_config(self, database_url: String, schema: Option<String>) -> RelayConfig {
+        let mut config = RelayConfig::new(database_url);
+        config.postgres = self.postgres.into_config(config.postgres, schema);
+        config.nats = self.nats.into();
+        config.publish = self.publish.into();
+        config.batch = self.batch.into();
+        config.retry = self.retry.into();
+        config.source = self.source.into();
+        config.wal = self.wal.into();
+        config.retention = self.retention.into();
+        config.metrics = self.metrics.into();
+        config
+    }
+}
+
+impl PostgresArgs {
+    fn into_config(self, mut c: PostgresConfig, schema: Option<String>) -> PostgresConfig {
+        c.listen_url = self.listen_database_url.map(Into::into);
+        c.schema = schema;
+        c.prepared_statements = self.prepared_statements;
+        c
+    }
+}
+
+/// An empty flag or variable (`NATS_USER=`) counts as not given.
+fn non_empty(value: Option<String>) -> Option<Secret> {
+    value.filter(|v| !v.is_empty()).map(Secret::from)
+}
+
+impl From<NatsArgs> for NatsConfig {
+    fn from(a: NatsArgs) -> Self {
+        let mut c = NatsConfig::default();
+        c.url = a.nats_url.into();
+        c.creds = a.nats_creds;
+        c.nkey = a.nats_nkey;
+        c.user = non_empty(a.nats_user);
+        c.password = non_empty(a.nats_password);
+        c.tls_ca = a.nats_tls_ca;
+        c.tls_cert = a.nats_tls_cert;
+        c.tls_key = a.nats_tls_key;
+        c.stream = a.stream;
+        c.create_stream = a.create_stream;
+        c
+    }
+}
+
+impl From<PublishArgs> for PublishConfig {
+    fn from(a: PublishArgs) -> Self {
+        let mut c = PublishConfig::default();
+        c.subject_prefix = a.subject_prefix;
+        c.subject_template = a.subject_template;
+        c.header_format = a.headers.into();
+        c.ce_source = a.ce_source;
+        c.timeout = a.publish_timeout.into();
+        c
+    }
+}
+
+impl From<BatchArgs> for BatchConfig {
+    fn from(a: BatchArgs) -> Self {
+        let mut c = BatchConfig::default();
+        c.size = a.batch_size;
+        c.max_bytes = a.max_batch_bytes.0;
+        c.ordering = a.ordering.into();
+        c
+    }
+}
+
+impl From<RetryArgs> for RetryConfig {
+    fn from(a: RetryArgs) -> Self {
+        let mut c = RetryConfig::default();
+        c.max_attempts = a.max_attempts;
+        c.initial = a.retry_initial.into();
+        c.max = a.retry_max.into();
+        c
+    }
+}
+
+impl From<SourceArgs> for SourceConfig {
+    fn from(a: SourceArgs) -> Self {
+        let mut c = SourceConfig::default();
+        c.source = a.source.into();
+        c.notify_mode = a.notify_mode.into();
+        c.fallback_interval = a.fallback_interval.into();
+        c
+    }
+}
+
+impl From<WalArgs> for WalConfig {
+    fn from(a: WalArgs) -> Self {
+        let mut c = WalConfig::default();
+        c.slot_name = a.slot_name;
+        c.marking = a.wal_marking.into();
+        c
+    }
+}
+
+impl From<RetentionArgs> for RetentionConfig {
+    fn from(a: RetentionArgs) -> Self {
+        let mut c = RetentionConfig::default();
+        c.processed = a.retention;
+        c.processed_events = a.processed_events_retention;
+        c
+    }
+}
+
+impl From<MetricsArgs> for MetricsConfig {
+    fn from(a: MetricsArgs) -> Self {
+        let mut c = MetricsConfig::default();
+        c.event_types_max = a.metrics_event_types_max;
+        c.addr = a.metrics_addr.0;
+        c
+    }
 }
 
 /// A byte size such as `32MiB`, `64 MB` or `1048576`.
@@ -560,6 +745,6 @@ mod tests {
         let Command::Run(run) = cli.command else {
             panic!("run")
         };
-        assert_eq!(run.nats_tls_ca, Some(PathBuf::from("flag.pem")));
+        assert_eq!(run.nats.nats_tls_ca, Some(PathBuf::from("flag.pem")));
     }
 }

@@ -8,7 +8,7 @@ mod telemetry;
 use std::process::ExitCode;
 
 use outbox_relay::config::validate_schema;
-use outbox_relay::{migrate, ops, Error, Relay, RelayConfig};
+use outbox_relay::{migrate, ops, Error, Relay};
 use tokio_util::sync::CancellationToken;
 
 use cli::{Cli, Command, DeadLettersCommand, LogFormat, RunArgs};
@@ -273,7 +273,14 @@ async fn execute(cli: Cli) -> Result<(), Error> {
             }
             Ok(())
         }
-        Command::Run(args) => run(raw_database_url(&cli)?, cli.schema.clone(), args).await,
+        Command::Run(args) => {
+            run(
+                raw_database_url(&cli)?,
+                cli.schema.clone(),
+                (**args).clone(),
+            )
+            .await
+        }
         Command::Status { json, limit } => {
             let (mut client, schema) = connect(&cli).await?;
             // One transaction (one schema check) for the counts and the list.
@@ -523,47 +530,11 @@ async fn dead_letters(
     }
 }
 
-async fn run(database_url: String, schema: Option<String>, args: &RunArgs) -> Result<(), Error> {
-    let config = RelayConfig {
-        database_url,
-        listen_database_url: args.listen_database_url.clone(),
-        schema,
-        nats_url: args.nats_url.clone(),
-        nats_creds: args.nats_creds.clone(),
-        nats_nkey: args.nats_nkey.clone(),
-        nats_user: non_empty(&args.nats_user),
-        nats_password: non_empty(&args.nats_password),
-        nats_tls_ca: args.nats_tls_ca.clone(),
-        nats_tls_cert: args.nats_tls_cert.clone(),
-        nats_tls_key: args.nats_tls_key.clone(),
-        stream: args.stream.clone(),
-        create_stream: args.create_stream,
-        subject_prefix: args.subject_prefix.clone(),
-        subject_template: args.subject_template.clone(),
-        header_format: args.headers.into(),
-        ce_source: args.ce_source.clone(),
-        fallback_interval: args.fallback_interval.into(),
-        batch_size: args.batch_size,
-        max_batch_bytes: args.max_batch_bytes.0,
-        prepared_statements: args.prepared_statements,
-        max_attempts: args.max_attempts,
-        publish_timeout: args.publish_timeout.into(),
-        retry_initial: args.retry_initial.into(),
-        retry_max: args.retry_max.into(),
-        ordering: args.ordering.into(),
-        notify_mode: args.notify_mode.into(),
-        source: args.source.into(),
-        slot_name: args.slot_name.clone(),
-        wal_marking: args.wal_marking.into(),
-        retention: args.retention,
-        processed_events_retention: args.processed_events_retention,
-        metrics_event_types_max: args.metrics_event_types_max,
-        metrics_addr: args.metrics_addr.0,
-        ..RelayConfig::default()
-    };
+async fn run(database_url: String, schema: Option<String>, args: RunArgs) -> Result<(), Error> {
+    let config = args.into_config(database_url, schema);
     // Validated once, by the relay.
     let relay = Relay::new(config).await?;
-    tracing::info!(config = %relay.config().redacted(), "starting relay");
+    tracing::info!(config = ?relay.config(), "starting relay");
     let shutdown = CancellationToken::new();
     let on_signal = shutdown.clone();
     tokio::spawn(async move {
@@ -572,11 +543,6 @@ async fn run(database_url: String, schema: Option<String>, args: &RunArgs) -> Re
         on_signal.cancel();
     });
     relay.run(shutdown).await
-}
-
-/// An empty flag or variable (`NATS_USER=`) counts as not given.
-fn non_empty(value: &Option<String>) -> Option<String> {
-    value.clone().filter(|v| !v.is_empty())
 }
 
 async fn wait_for_signal() {

@@ -9,7 +9,7 @@ use backoff::backoff::Backoff;
 use backoff::exponential::ExponentialBackoff;
 use backoff::{ExponentialBackoffBuilder, SystemClock};
 
-use crate::config::RelayConfig;
+use crate::config::RetryConfig;
 use crate::publisher::Outcome;
 
 /// Who is to blame for a failed publish: it decides whether an attempt is spent. Only failures
@@ -82,11 +82,11 @@ pub(crate) struct Verdict {
 }
 
 impl RetryPolicy {
-    pub fn of(config: &RelayConfig) -> RetryPolicy {
+    pub fn of(retry: &RetryConfig) -> RetryPolicy {
         RetryPolicy {
-            max_attempts: config.max_attempts,
-            initial: config.retry_initial,
-            max: config.retry_max,
+            max_attempts: retry.max_attempts,
+            initial: retry.initial,
+            max: retry.max,
         }
     }
 

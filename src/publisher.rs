@@ -10,7 +10,7 @@ use futures::future::join_all;
 use tracing::Instrument;
 
 use crate::clock::DbClock;
-use crate::config::{HeaderFormat, RelayConfig, Settings};
+use crate::config::{BatchConfig, Credentials, HeaderFormat, NatsConfig, PublishConfig};
 use crate::error::{Error, Result};
 use crate::event::OutboxEvent;
 use crate::policy::FailureKind;
@@ -91,16 +91,18 @@ pub(crate) struct Publisher {
     header_format: HeaderFormat,
     ce_source: String,
     stream: String,
+    create_stream: bool,
+    redelivery_gap: Duration,
     timeout: Duration,
     /// The database's clock, which acks and spans are timed on.
     clock: Arc<DbClock>,
 }
 
-/// Connects to NATS with the credentials and TLS settings of `config`. Fails fast (bounded) when the
+/// Connects to NATS with the credentials and TLS settings of `nats`. Fails fast (bounded) when the
 /// server is unreachable or refuses the credentials; afterwards the client reconnects on its own,
 /// telling `on_link` each time it connects (true) or loses the connection (false).
 pub(crate) async fn connect(
-    config: &RelayConfig,
+    nats: &NatsConfig,
     on_link: impl Fn(bool) + Send + Sync + 'static,
 ) -> Result<async_nats::Client> {
     let on_link = std::sync::Arc::new(on_link);
@@ -119,33 +121,25 @@ pub(crate) async fn connect(
         .connection_timeout(Duration::from_secs(5))
         .ping_interval(Duration::from_secs(10))
         .max_reconnects(None);
-    if let Some(path) = &config.nats_creds {
+    if let Some(path) = &nats.creds {
         options = options.credentials_file(path).await.map_err(|e| {
             Error::broker_connect(format!("cannot read creds file {}: {e}", path.display()))
         })?;
     }
-    if let Some(path) = &config.nats_nkey {
+    if let Some(path) = &nats.nkey {
         let seed = std::fs::read_to_string(path).map_err(|e| {
             Error::broker_connect(format!("cannot read nkey file {}: {e}", path.display()))
         })?;
         options = options.nkey(seed.trim().to_string());
     }
-    if let Some(ca) = &config.nats_tls_ca {
+    if let Some(ca) = &nats.tls_ca {
         options = options.add_root_certificates(ca.clone()).require_tls(true);
     }
-    if let (Some(cert), Some(key)) = (&config.nats_tls_cert, &config.nats_tls_key) {
+    if let (Some(cert), Some(key)) = (&nats.tls_cert, &nats.tls_key) {
         options = options.add_client_certificate(cert.clone(), key.clone());
     }
     // Credentials travel in the options, not the URL: the client logs server URLs at debug level.
-    let (servers, in_url) = split_credentials(&config.nats_url)?;
-    // `validate` refused credentials given both ways, so at most one of these is set.
-    let credentials = match (&config.nats_user, &config.nats_password) {
-        (Some(user), Some(password)) => {
-            Some(Credentials::UserPassword(user.clone(), password.clone()))
-        }
-        (Some(token), None) => Some(Credentials::Token(token.clone())),
-        _ => in_url,
-    };
+    let (servers, credentials) = nats.servers_and_credentials()?;
     match credentials {
         Some(Credentials::UserPassword(user, password)) => {
             options = options.user_and_password(user, password);
@@ -166,7 +160,7 @@ pub(crate) async fn connect(
         };
         let message = format!(
             "{what} ({}): {}",
-            crate::db::redact(&config.nats_url),
+            crate::db::redact(nats.url.expose()),
             crate::db::redact(&e.to_string())
         );
         if refused {
@@ -177,84 +171,48 @@ pub(crate) async fn connect(
     })
 }
 
-pub(crate) enum Credentials {
-    UserPassword(String, String),
-    Token(String),
-}
-
-/// Splits `nats://user:pass@host:4222,nats://host2:4222` into plain server URLs and the first
-/// credentials found (`user:password`, or a lone user part, which NATS treats as a token).
-pub(crate) fn split_credentials(urls: &str) -> Result<(Vec<url::Url>, Option<Credentials>)> {
-    let mut servers = Vec::new();
-    let mut credentials = None;
-    for raw in urls.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let with_scheme = if raw.contains("://") {
-            raw.to_string()
-        } else {
-            format!("nats://{raw}")
-        };
-        let mut url = url::Url::parse(&with_scheme).map_err(|e| {
-            Error::config(
-                "nats_url",
-                format!("cannot parse {}: {e}", crate::db::redact(raw)),
-            )
-        })?;
-        let user = percent_decode(url.username());
-        let password = url.password().map(percent_decode);
-        if credentials.is_none() && !user.is_empty() {
-            credentials = Some(match password {
-                Some(p) => Credentials::UserPassword(user, p),
-                None => Credentials::Token(user),
-            });
-        }
-        // Infallible for URLs with a host, which a parsed nats:// URL has.
-        let _ = url.set_username("");
-        let _ = url.set_password(None);
-        servers.push(url);
-    }
-    if servers.is_empty() {
-        return Err(Error::config("nats_url", "no server given"));
-    }
-    Ok((servers, credentials))
-}
-
-fn percent_decode(s: &str) -> String {
-    percent_encoding::percent_decode_str(s)
-        .decode_utf8_lossy()
-        .into_owned()
-}
-
 impl Publisher {
-    pub fn new(client: async_nats::Client, settings: &Settings, clock: Arc<DbClock>) -> Self {
-        let config = &settings.config;
+    /// A publisher into `nats.stream` with `publish`'s subjects and headers, awaiting as many acks
+    /// at once as `batch` allows. `redelivery_gap`: the longest gap between two publishes of one
+    /// row, which the stream's duplicate window must cover.
+    pub fn new(
+        client: async_nats::Client,
+        nats: &NatsConfig,
+        publish: &PublishConfig,
+        batch: &BatchConfig,
+        redelivery_gap: Duration,
+        clock: Arc<DbClock>,
+    ) -> Result<Self> {
         let js = jetstream::ContextBuilder::new()
-            .timeout(config.publish_timeout)
-            .ack_timeout(config.publish_timeout)
-            .max_ack_inflight(config.batch_size.max(256) * 2)
+            .timeout(publish.timeout)
+            .ack_timeout(publish.timeout)
+            .max_ack_inflight(batch.acks_in_flight())
             .backpressure_on_inflight(true)
             .build(client.clone());
-        Publisher {
+        Ok(Publisher {
             client,
             js,
-            subjects: settings.subjects.clone(),
-            header_format: config.header_format,
-            ce_source: config.ce_source.clone(),
-            stream: config.stream.clone(),
-            timeout: config.publish_timeout,
+            subjects: publish.subjects()?,
+            header_format: publish.header_format,
+            ce_source: publish.ce_source.clone(),
+            stream: nats.stream.clone(),
+            create_stream: nats.create_stream,
+            redelivery_gap,
+            timeout: publish.timeout,
             clock,
-        }
+        })
     }
 
     /// Checks (or creates) the stream and warns when its duplicate window is shorter than the
     /// longest gap between two publishes of one row.
-    pub async fn ensure_stream(&self, config: &RelayConfig) -> Result<()> {
+    pub async fn ensure_stream(&self) -> Result<()> {
         let info = match self.js.get_stream(&self.stream).await {
             Ok(mut s) => s
                 .info()
                 .await
                 .map_err(|e| Error::broker_unavailable(e.to_string()))?
                 .clone(),
-            Err(e) if config.create_stream && is_not_found(&e) => {
+            Err(e) if self.create_stream && is_not_found(&e) => {
                 // validate() refused create_stream for a template no stream subject can capture.
                 let subject = self.subjects.stream_subject().ok_or_else(|| {
                     Error::config(
@@ -262,7 +220,7 @@ impl Publisher {
                         "starts with a placeholder: create the stream yourself",
                     )
                 })?;
-                self.create_stream(config, subject).await?
+                self.create_stream(subject).await?
             }
             Err(e) if is_not_found(&e) => {
                 return Err(Error::stream(format!(
@@ -278,7 +236,7 @@ impl Publisher {
                 )));
             }
         };
-        let gap = config.longest_redelivery_gap();
+        let gap = self.redelivery_gap;
         if info.config.duplicate_window < gap {
             tracing::warn!(
                 stream = %self.stream,
@@ -291,8 +249,8 @@ impl Publisher {
     }
 
     /// Creates the stream on `subject` (file storage, a duplicate window covering redeliveries).
-    async fn create_stream(&self, config: &RelayConfig, subject: String) -> Result<stream::Info> {
-        let window = MIN_DUPLICATE_WINDOW.max(config.longest_redelivery_gap());
+    async fn create_stream(&self, subject: String) -> Result<stream::Info> {
+        let window = MIN_DUPLICATE_WINDOW.max(self.redelivery_gap);
         tracing::info!(stream = %self.stream, subject = %subject, duplicate_window = ?window, "creating stream");
         let mut s = self
             .js
@@ -736,20 +694,6 @@ mod tests {
         assert_eq!(Coverage::Uncovered.blame(), FailureKind::Rejected);
         assert_eq!(Coverage::Covered.blame(), FailureKind::Broker);
         assert_eq!(Coverage::Unknown.blame(), FailureKind::Broker);
-    }
-
-    #[test]
-    fn credentials_move_out_of_the_url() {
-        let (servers, creds) =
-            split_credentials("nats://u:p%40ss@a:4222, nats://b:4223").expect("parse");
-        assert_eq!(servers[0].as_str(), "nats://a:4222");
-        assert_eq!(servers[1].as_str(), "nats://b:4223");
-        assert!(matches!(creds, Some(Credentials::UserPassword(u, p)) if u == "u" && p == "p@ss"));
-        let (_, creds) = split_credentials("tok3n@localhost:4222").expect("parse");
-        assert!(matches!(creds, Some(Credentials::Token(t)) if t == "tok3n"));
-        let (_, creds) = split_credentials("nats://127.0.0.1:4222").expect("parse");
-        assert!(creds.is_none());
-        assert!(split_credentials(" , ").is_err());
     }
 
     fn event() -> OutboxEvent {

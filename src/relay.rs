@@ -36,12 +36,10 @@ use crate::source::table::processor::Processor;
 /// use tokio_util::sync::CancellationToken;
 ///
 /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-/// let config = RelayConfig {
-///     nats_url: "nats://nats:4222".into(),
-///     create_stream: true,
-///     metrics_addr: None, // the application serves `relay.metrics()` itself
-///     ..RelayConfig::new("postgres://relay@db:5432/app")
-/// };
+/// let mut config = RelayConfig::new("postgres://relay@db:5432/app");
+/// config.nats.url = "nats://nats:4222".into();
+/// config.nats.create_stream = true;
+/// config.metrics.addr = None; // the application serves `relay.metrics()` itself
 /// let relay = Relay::new(config).await?; // validates; connecting happens in `run`
 /// let metrics = relay.metrics();
 /// let shutdown = CancellationToken::new();
@@ -74,12 +72,12 @@ impl Relay {
     }
 
     /// Like [`Relay::new`], recording into the given metrics (so an application can serve them).
-    /// Their event type cap is set to the config's `metrics_event_types_max`.
+    /// Their event type cap is set to the config's `metrics.event_types_max`.
     pub async fn with_metrics(config: RelayConfig, metrics: Arc<Metrics>) -> Result<Relay> {
         crate::tls::install_default_provider();
         let settings = config.resolve()?;
-        metrics.set_event_types_max(settings.config.metrics_event_types_max);
-        let mode = settings.config.notify_mode;
+        metrics.set_event_types_max(settings.config.metrics.event_types_max);
+        let mode = settings.config.source.notify_mode;
         Ok(Relay {
             signals: Arc::new(Signals::new(mode == NotifyMode::Gated)),
             health: Arc::new(Health::new(metrics.clone(), mode == NotifyMode::Poll)),
@@ -119,7 +117,7 @@ impl Relay {
     pub async fn run(self, shutdown: CancellationToken) -> Result<()> {
         let tasks = CancellationToken::new();
         let mut handles = Vec::new();
-        if let Some(addr) = self.settings.config.metrics_addr {
+        if let Some(addr) = self.settings.config.metrics.addr {
             let listener = tokio::net::TcpListener::bind(addr).await?;
             tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
             handles.push(tokio::spawn(crate::http::serve(
@@ -161,7 +159,8 @@ impl Relay {
             }
             if nats.is_none() {
                 let health = self.health.clone();
-                match crate::publisher::connect(config, move |up| health.set_broker_link(up)).await
+                match crate::publisher::connect(&config.nats, move |up| health.set_broker_link(up))
+                    .await
                 {
                     Ok(client) => nats = Some(client),
                     Err(e) if e.heals_by_waiting() => {
@@ -171,8 +170,15 @@ impl Relay {
                 }
             }
             if let (true, Some(client)) = (database, &nats) {
-                let publisher = Publisher::new(client.clone(), &self.settings, self.clock.clone());
-                match publisher.ensure_stream(config).await {
+                let publisher = Publisher::new(
+                    client.clone(),
+                    &config.nats,
+                    &config.publish,
+                    &config.batch,
+                    config.longest_redelivery_gap(),
+                    self.clock.clone(),
+                )?;
+                match publisher.ensure_stream().await {
                     Ok(()) => {
                         self.health.broker_checked(publisher.is_connected());
                         return Ok(Some(publisher));
@@ -191,9 +197,10 @@ impl Relay {
     }
 
     async fn check_database(&self) -> Result<()> {
-        let config = &self.settings.config;
-        let mut client = crate::db::connect(&config.database_url, "outbox-relay").await?;
-        let tx = crate::ops::checked_transaction_in(&mut client, config.schema.as_deref()).await?;
+        let postgres = &self.settings.config.postgres;
+        let mut client = crate::db::connect(postgres.url.expose(), "outbox-relay").await?;
+        let tx =
+            crate::ops::checked_transaction_in(&mut client, postgres.schema.as_deref()).await?;
         tx.commit().await?;
         // Before the first publish: the acks are timed on the database's clock.
         self.clock.measure(&client).await?;
@@ -209,8 +216,9 @@ impl Relay {
         mut handles: Vec<JoinHandle<()>>,
     ) -> Result<()> {
         let config = &self.settings.config;
-        let wal = config.source == Source::Wal;
-        if config.notify_mode != NotifyMode::Poll && !wal {
+        let postgres = &config.postgres;
+        let wal = config.source.source == Source::Wal;
+        if config.source.notify_mode != NotifyMode::Poll && !wal {
             let listener = Listener {
                 url: self.settings.listen_url.clone(),
                 signals: self.signals.clone(),
@@ -220,46 +228,51 @@ impl Relay {
             handles.push(tokio::spawn(listener.run(tasks.clone())));
         }
         handles.push(tokio::spawn(crate::background::stats(
-            config.clone(),
+            postgres.clone(),
+            config.metrics.stats_interval,
+            wal.then(|| self.settings.slot.clone()),
             self.metrics.clone(),
             self.health.clone(),
             self.clock.clone(),
             tasks.clone(),
         )));
-        if config.retention.is_some() || config.processed_events_retention.is_some() {
+        if config.retention.is_on() {
             handles.push(tokio::spawn(crate::background::retention(
-                config.clone(),
+                postgres.clone(),
+                config.retention.clone(),
                 self.metrics.clone(),
                 tasks.clone(),
             )));
         }
-        let session = Session::new(config.schema.as_deref(), config.prepared_statements);
+        let session = Session::new(postgres.schema.as_deref(), postgres.prepared_statements);
+        let store = || Store::new(postgres.url.expose().to_string(), session.clone());
         let result = if wal {
             let mut relay = crate::source::wal::WalSource {
-                config,
+                batch: &config.batch,
+                retry: &config.retry,
+                fallback_interval: config.source.fallback_interval,
                 url: &self.settings.listen_url,
                 publisher,
                 metrics: &self.metrics,
                 health: &self.health,
                 stores: std::array::from_fn(|_| {
-                    crate::source::wal::store::WalStore::new(
-                        Store::new(config.database_url.clone(), session.clone()),
-                        config.wal_marking,
-                    )
+                    crate::source::wal::store::WalStore::new(store(), config.wal.marking)
                 }),
-                slot: config.slot(),
+                slot: self.settings.slot.clone(),
                 trouble: trouble_backoff(),
             };
             // Leaving ends the control connection, and with it the leadership: a relay standing
             // by takes over within a second.
             relay.run(shutdown).await
         } else {
-            let stores = [
-                Store::new(config.database_url.clone(), session.clone()),
-                Store::new(config.database_url.clone(), session),
-            ];
-            let mut processor =
-                Processor::new(config, publisher, &self.signals, &self.metrics, stores);
+            let mut processor = Processor::new(
+                (&config.batch, &config.retry),
+                config.source.fallback_interval,
+                publisher,
+                &self.signals,
+                &self.metrics,
+                [store(), store()],
+            );
             let result = processor.run(shutdown).await;
             // Whatever is left is for the other relays: wake them rather than leave it to their
             // fallback poll (a rolling restart of two replicas would otherwise wait for it).

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use uuid::Uuid;
 
-use crate::config::RelayConfig;
+use crate::config::{BatchConfig, RetryConfig};
 use crate::error::{Error, Result};
 use crate::event::AggregateKey;
 use crate::event::OutboxEvent;
@@ -135,29 +135,30 @@ pub(crate) fn settle<'a>(
 
 /// One transaction on `store`: claim, publish, record, commit.
 pub(crate) async fn process_batch(
-    config: &RelayConfig,
+    batch: &BatchConfig,
+    retry: &RetryConfig,
     publisher: &Publisher,
     metrics: &Metrics,
     store: &mut Store,
 ) -> Result<BatchReport> {
     let started = Instant::now();
     let claim = store
-        .claim(config.ordering, config.batch_size, config.max_batch_bytes)
+        .claim(batch.ordering, batch.size, batch.max_bytes)
         .await?;
-    run_claim(config, publisher, metrics, claim, started, ()).await
+    run_claim(retry, publisher, metrics, claim, started, ()).await
 }
 
 /// The rest of a batch once claimed: publish, settle, record (with the source's own bookkeeping,
 /// `before_commit`), commit.
 pub(crate) async fn run_claim(
-    config: &RelayConfig,
+    retry: &RetryConfig,
     publisher: &Publisher,
     metrics: &Metrics,
     claim: Claim<'_>,
     started: Instant,
     before_commit: impl BeforeCommit,
 ) -> Result<BatchReport> {
-    run_claim_with(config, publisher, metrics, claim, started, |_, _| {
+    run_claim_with(retry, publisher, metrics, claim, started, |_, _| {
         before_commit
     })
     .await
@@ -166,14 +167,14 @@ pub(crate) async fn run_claim(
 /// [`run_claim`], with the bookkeeping decided from the settled outcome (a sweep takes back the
 /// aggregates that went out).
 pub(crate) async fn run_claim_with<B: BeforeCommit>(
-    config: &RelayConfig,
+    retry: &RetryConfig,
     publisher: &Publisher,
     metrics: &Metrics,
     mut claim: Claim<'_>,
     started: Instant,
     before_commit: impl FnOnce(&Published, &Claim<'_>) -> B,
 ) -> Result<BatchReport> {
-    match publish_claim(config, publisher, metrics, &mut claim, started).await {
+    match publish_claim(retry, publisher, metrics, &mut claim, started).await {
         Ok(settled) => {
             let record = before_commit(&settled, &claim);
             settled.finish_with(claim, metrics, record).await
@@ -203,7 +204,7 @@ pub(crate) struct Published {
 /// Publishes a claim and settles the outcomes (see [`run_claim`]); nothing is recorded yet. The
 /// error is a broker outage (no attempt spent): the caller rolls the claim back.
 pub(crate) async fn publish_claim(
-    config: &RelayConfig,
+    retry: &RetryConfig,
     publisher: &Publisher,
     metrics: &Metrics,
     claim: &mut Claim<'_>,
@@ -239,7 +240,7 @@ pub(crate) async fn publish_claim(
         ));
     }
 
-    let policy = RetryPolicy::of(config);
+    let policy = RetryPolicy::of(retry);
     // Published events are counted per event type once per batch, in the order the types came.
     let mut tally: Vec<(&str, u64)> = Vec::new();
     let settlement = settle(&policy, &claim.groups, &outcomes, |s| {

@@ -116,15 +116,13 @@ impl Env {
     /// Defaults for tests: a fast retry, no metrics listener, a long fallback so that tests notice
     /// when a wake-up depends on it.
     pub fn config(&self) -> RelayConfig {
-        RelayConfig {
-            database_url: self.db.clone(),
-            nats_url: self.nats.url(),
-            fallback_interval: Duration::from_secs(60),
-            retry_initial: Duration::from_millis(100),
-            retry_max: Duration::from_secs(1),
-            publish_timeout: Duration::from_secs(2),
-            ..RelayConfig::default()
-        }
+        let mut config = RelayConfig::new(self.db.clone());
+        config.nats.url = self.nats.url().into();
+        config.source.fallback_interval = Duration::from_secs(60);
+        config.retry.initial = Duration::from_millis(100);
+        config.retry.max = Duration::from_secs(1);
+        config.publish.timeout = Duration::from_secs(2);
+        config
     }
 
     /// [`Env::config`] for `--source wal`, with a slot named after the database (slots are
@@ -151,11 +149,10 @@ impl Env {
             )
             .await
             .expect("the written ledger");
-        RelayConfig {
-            source: outbox_relay::Source::Wal,
-            slot_name: Some(self.slot_name()),
-            ..self.config()
-        }
+        let mut config = self.config();
+        config.source.source = outbox_relay::Source::Wal;
+        config.wal.slot_name = Some(self.slot_name());
+        config
     }
 
     /// The config of `source`, ready to relay what is written from now on: for `Source::Wal`,

@@ -833,11 +833,11 @@ fn rows_of_any_content_are_published_or_dead_lettered(source: Source) {
         let env = Env::new().await;
         // The wal source's slot in place before the relay starts: every row is streamed.
         let mut config = env.source_config(source).await;
-        config.max_attempts = 2;
-        config.retry_initial = Duration::from_millis(50);
-        config.retry_max = Duration::from_millis(200);
+        config.retry.max_attempts = 2;
+        config.retry.initial = Duration::from_millis(50);
+        config.retry.max = Duration::from_millis(200);
         // The status query behind the gauges runs often, over whatever the rows hold.
-        config.stats_interval = Duration::from_millis(200);
+        config.metrics.stats_interval = Duration::from_millis(200);
         let relay = env.spawn(config).await;
         (env, relay)
     });
@@ -1069,8 +1069,8 @@ async fn status_with_an_infinite_created_at_pending(source: Source) {
         .await
         .expect("insert");
     let addr = testkit::free_addr();
-    config.metrics_addr = Some(addr);
-    config.stats_interval = Duration::from_millis(100);
+    config.metrics.addr = Some(addr);
+    config.metrics.stats_interval = Duration::from_millis(100);
     let relay = env.spawn(config).await;
     wait_until(
         "the head dead-lettered",
@@ -1127,8 +1127,8 @@ async fn headers_over_jetstream_64k_are_dead_lettered_at_once(source: Source) {
     let over = insert("big", value_len_for(65_536)).await;
     let fits = insert("fit", value_len_for(65_535)).await; // "fit" is as long as "big"
     env.insert_sql(1, "big", "order.after").await;
-    config.max_attempts = 10;
-    config.retry_initial = Duration::from_secs(1);
+    config.retry.max_attempts = 10;
+    config.retry.initial = Duration::from_secs(1);
     let relay = env.spawn(config).await;
     // One dead-lettered, one published (the wal source deletes it): counted where both sources
     // show it.

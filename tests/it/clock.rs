@@ -259,8 +259,8 @@ async fn a_stuck_future_dated_event_ages_from_when_the_relay_first_saw_it() {
         .expect("a dead head and a future-dated follower");
     let addr = free_addr();
     let mut config = env.config();
-    config.metrics_addr = Some(addr);
-    config.stats_interval = Duration::from_millis(100);
+    config.metrics.addr = Some(addr);
+    config.metrics.stats_interval = Duration::from_millis(100);
     let relay = env.spawn(config).await;
     let started = std::time::Instant::now();
 

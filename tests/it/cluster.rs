@@ -76,16 +76,16 @@ async fn kill_mid_drain(victim_kind: Victim, max_attempts: u32) {
     let db = testkit::shared_pg().create_migrated_database().await;
     let pg = testkit::pg_client(&db).await;
 
-    let config = RelayConfig {
-        database_url: db.clone(),
-        nats_url: urls,
-        publish_timeout: Duration::from_secs(2),
-        fallback_interval: Duration::from_secs(1),
-        retry_initial: Duration::from_millis(100),
-        retry_max: Duration::from_secs(1),
-        batch_size: 500,
-        max_attempts,
-        ..RelayConfig::default()
+    let config = {
+        let mut config = RelayConfig::new(db.clone());
+        config.nats.url = urls.into();
+        config.publish.timeout = Duration::from_secs(2);
+        config.source.fallback_interval = Duration::from_secs(1);
+        config.retry.initial = Duration::from_millis(100);
+        config.retry.max = Duration::from_secs(1);
+        config.batch.size = 500;
+        config.retry.max_attempts = max_attempts;
+        config
     };
     let relay = Relay::new(config).await.expect("valid config");
     let metrics = relay.metrics();

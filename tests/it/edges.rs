@@ -92,7 +92,7 @@ async fn a_row_locked_by_someone_else_is_not_overtaken(source: Source) {
     // Releasing a lock wakes nobody: the relay finds A2 free again at its next fallback poll (the
     // wal source: its next sweep of the aggregates handed to the table).
     let mut config = env.source_config(source).await;
-    config.fallback_interval = Duration::from_secs(1);
+    config.source.fallback_interval = Duration::from_secs(1);
     env.insert_sql(4, "A", "order.step").await;
     let a = ids_in_seq_order(&env, "A").await;
     let mut locker = env.client().await;
@@ -222,7 +222,7 @@ async fn blocked_heads_do_not_stall_other_aggregates(source: Source) {
         .await
         .expect("blocked aggregates");
     env.insert_sql(300, "z-deep", "order.step").await;
-    config.batch_size = 10;
+    config.batch.size = 10;
     let relay = env.spawn(config).await;
     // The fallback poll is a minute away: the backlog must move without it.
     env.wait_stream_len(300, Duration::from_secs(20)).await;
@@ -347,8 +347,8 @@ async fn a_payload_over_max_payload_is_dead_lettered_at_once(source: Source) {
         .get(0);
     env.insert_sql(1, "big", "order.after").await;
     env.insert_sql(1, "small", "order.created").await;
-    config.max_attempts = 10;
-    config.retry_initial = Duration::from_secs(1);
+    config.retry.max_attempts = 10;
+    config.retry.initial = Duration::from_secs(1);
     let relay = env.spawn(config).await;
     wait_until("big row dead-lettered", Duration::from_secs(10), || async {
         env.count("dead_lettered_at IS NOT NULL").await == 1
@@ -435,8 +435,8 @@ async fn broker_kill_restart_cycles_spend_no_attempts(source: Source) {
         .await
         .expect("the attempts ledger");
     env.insert_interleaved(2_000, 15).await; // 30,000 events
-    config.max_attempts = 1;
-    config.fallback_interval = Duration::from_secs(1);
+    config.retry.max_attempts = 1;
+    config.source.fallback_interval = Duration::from_secs(1);
     let relay = env.spawn(config).await;
     for (round, at) in [3_000u64, 10_000, 17_000].into_iter().enumerate() {
         wait_until(
@@ -697,9 +697,9 @@ async fn two_outboxes_in_one_database_arm_separately() {
         assert_eq!(code, Some(0), "{out}{err}");
     }
     let mut config = env.config();
-    config.schema = Some("a".into());
+    config.postgres.schema = Some("a".into());
     let relay_a = env.spawn(config.clone()).await;
-    config.schema = Some("b".into());
+    config.postgres.schema = Some("b".into());
     let relay_b = env.spawn(config).await;
     let admin = env.client().await;
     // Both idle: each holds its own arming key.

@@ -75,8 +75,8 @@ async fn relay_sigkilled_at_random_points_ten_times(source: Source) {
 async fn broker_down_for_ten_seconds_while_writers_write(source: Source) {
     let mut env = Env::new().await;
     let mut config = env.source_config(source).await;
-    config.fallback_interval = Duration::from_secs(1);
-    config.max_attempts = 3; // an outage must not spend attempts, or this would dead-letter
+    config.source.fallback_interval = Duration::from_secs(1);
+    config.retry.max_attempts = 3; // an outage must not spend attempts, or this would dead-letter
     let relay = env.spawn(config).await;
     let writer = {
         let db = env.db.clone();
@@ -116,8 +116,8 @@ async fn relay_connections_terminated_repeatedly_during_a_drain(source: Source) 
     let env = Env::new().await;
     let mut config = env.source_config(source).await;
     env.insert_interleaved(400, 50).await; // 20,000 events
-    config.batch_size = 500;
-    config.fallback_interval = Duration::from_secs(1);
+    config.batch.size = 500;
+    config.source.fallback_interval = Duration::from_secs(1);
     let relay = env.spawn(config).await;
     let mut kills = 0;
     for _ in 0..15 {
@@ -138,8 +138,8 @@ async fn postgres_restarted_during_a_drain(source: Source) {
     let env = Env::on(&pg).await;
     let mut config: RelayConfig = env.source_config(source).await;
     env.insert_interleaved(400, 50).await;
-    config.batch_size = 200;
-    config.fallback_interval = Duration::from_secs(1);
+    config.batch.size = 200;
+    config.source.fallback_interval = Duration::from_secs(1);
     let relay = env.spawn(config).await;
     wait_until("drain under way", Duration::from_secs(20), || async {
         env.stream_len().await > 2_000
@@ -162,8 +162,8 @@ async fn three_relays_keep_per_aggregate_order(source: Source) {
     let mut config = env.source_config(source).await;
     // Batches wider than the 200 interleaved aggregates put several events of one aggregate into
     // the batches of different relays at once: the case ordering must handle.
-    config.batch_size = 300;
-    config.fallback_interval = Duration::from_secs(1);
+    config.batch.size = 300;
+    config.source.fallback_interval = Duration::from_secs(1);
     // 200 aggregates x 25 events, written by 8 concurrent writers; each aggregate has one writer, so
     // its commit order is its seq order. Half is a backlog, half arrives while the relays drain.
     let mut writers = Vec::new();
@@ -215,7 +215,7 @@ async fn few_deep_aggregates_drain_in_order_with_two_relays(source: Source) {
     let env = Env::new().await;
     let mut config = env.source_config(source).await;
     env.insert_interleaved(4, 1_500).await; // 6,000 events
-    config.batch_size = 500;
+    config.batch.size = 500;
     let relays = vec![env.spawn(config.clone()).await, env.spawn(config).await];
     all_delivered_in_order(&env, 6_000, relays, Duration::from_secs(90)).await;
 }

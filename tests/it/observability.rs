@@ -48,9 +48,9 @@ async fn metrics_match_the_database_during_and_after_a_drain() {
         .expect("poison");
     let addr = free_addr();
     let mut config = env.config();
-    config.metrics_addr = Some(addr);
-    config.stats_interval = Duration::from_millis(100);
-    config.batch_size = 100;
+    config.metrics.addr = Some(addr);
+    config.metrics.stats_interval = Duration::from_millis(100);
+    config.batch.size = 100;
     let relay = env.spawn(config).await;
 
     // During the drain: the endpoint answers and counters only grow.
@@ -138,8 +138,8 @@ async fn readyz_follows_the_broker() {
     let mut env = Env::new().await;
     let addr = free_addr();
     let mut config = env.config();
-    config.metrics_addr = Some(addr);
-    config.stats_interval = Duration::from_millis(100);
+    config.metrics.addr = Some(addr);
+    config.metrics.stats_interval = Duration::from_millis(100);
     let relay = env.spawn(config).await;
     wait_until("ready", Duration::from_secs(10), || async {
         matches!(http_get(addr, "/readyz").await, Some((200, _)))

@@ -738,10 +738,11 @@ async fn a_send_span_records_the_verdict_on_no_responders() {
     )
     .await
     .expect("enqueue");
-    let config = outbox_relay::RelayConfig {
-        subject_template: Some("{aggregate_type}.{event_type}".into()),
-        max_attempts: 1,
-        ..env.config()
+    let config = {
+        let mut config = env.config();
+        config.publish.subject_template = Some("{aggregate_type}.{event_type}".into());
+        config.retry.max_attempts = 1;
+        config
     };
     let spans = run_traced(config, async {
         env.wait_dead_letters(1, Duration::from_secs(20)).await;

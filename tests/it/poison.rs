@@ -46,9 +46,9 @@ async fn poison_is_dead_lettered_others_flow_and_the_cli_recovers_it(source: Sou
     // Only order.* subjects are routable: payment.* events are poison until the stream is fixed.
     narrow_stream(&env, &["outbox.order.>"]).await;
     let mut config = env.source_config(source).await;
-    config.max_attempts = 3;
-    config.retry_initial = Duration::from_millis(50);
-    config.retry_max = Duration::from_millis(200);
+    config.retry.max_attempts = 3;
+    config.retry.initial = Duration::from_millis(50);
+    config.retry.max = Duration::from_millis(200);
     let relay = env.spawn(config).await;
 
     let poison_a = insert(&env, "A", "payment.failed").await; // head of aggregate A
@@ -201,8 +201,8 @@ async fn failed_rows_wait_for_their_retry_time(source: Source) {
     let env = Env::new().await;
     narrow_stream(&env, &["outbox.order.>"]).await;
     let mut config = env.source_config(source).await;
-    config.retry_initial = Duration::from_secs(30);
-    config.retry_max = Duration::from_secs(60);
+    config.retry.initial = Duration::from_secs(30);
+    config.retry.max = Duration::from_secs(60);
     let relay = env.spawn(config).await;
     let id = insert(&env, "R", "payment.failed").await;
     wait_until(

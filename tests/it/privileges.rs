@@ -154,9 +154,10 @@ async fn relay_and_writer_under_least_privilege_roles_in_a_custom_schema() {
 
 #[tokio::test]
 async fn schema_names_are_checked() {
-    let config = |url: &str, schema: &str| RelayConfig {
-        schema: Some(schema.into()),
-        ..RelayConfig::new(url)
+    let config = |url: &str, schema: &str| {
+        let mut config = RelayConfig::new(url);
+        config.postgres.schema = Some(schema.into());
+        config
     };
     assert!(config("postgres://h/db", "Bad-Name").validate().is_err());
     // A URL that sets `options` itself cannot take the schema as well: refused before connecting.

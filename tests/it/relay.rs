@@ -309,7 +309,7 @@ async fn fallback_poll_delivers_when_the_trigger_is_disabled() {
         .await
         .expect("disable trigger");
     let mut config = env.config();
-    config.fallback_interval = Duration::from_millis(300);
+    config.source.fallback_interval = Duration::from_millis(300);
     let relay = env.spawn(config).await;
     env.insert_sql(3, "fb", "order.created").await;
     env.wait_stream_len(3, Duration::from_secs(10)).await;
@@ -364,7 +364,7 @@ async fn killed_listener_connection_relistens() {
 async fn broker_restart_loses_nothing() {
     let mut env = Env::new().await;
     let mut config = env.config();
-    config.fallback_interval = Duration::from_secs(1);
+    config.source.fallback_interval = Duration::from_secs(1);
     let relay = env.spawn(config).await;
     env.insert_sql(100, "before", "order.created").await;
     env.wait_stream_len(100, Duration::from_secs(10)).await;
@@ -419,8 +419,8 @@ async fn two_relays_share_the_table_without_double_processing() {
     nc.flush().await.expect("flush");
     env.insert_sql(2_000, "x", "order.created").await;
     let mut config = env.config();
-    config.batch_size = 100;
-    config.ordering = outbox_relay::Ordering::None;
+    config.batch.size = 100;
+    config.batch.ordering = outbox_relay::Ordering::None;
     let a = env.spawn(config.clone()).await;
     let b = env.spawn(config).await;
     let client = env.client().await;

@@ -159,9 +159,9 @@ async fn the_relay_deletes_old_processed_events_periodically() {
     seed_outbox(&client, 5).await;
     let addr = free_addr();
     let mut config = env.config();
-    config.metrics_addr = Some(addr);
+    config.metrics.addr = Some(addr);
     // Checked every second (a tenth of it, at least 1 s); the outbox retention stays off.
-    config.processed_events_retention = Some(Duration::from_secs(10));
+    config.retention.processed_events = Some(Duration::from_secs(10));
     let relay = env.spawn(config).await;
 
     wait_until(
@@ -366,7 +366,7 @@ async fn a_retention_round_failing_part_way_counts_what_it_deleted() {
         .await
         .expect("trigger");
     let mut config = env.config();
-    config.processed_events_retention = Some(Duration::from_secs(10));
+    config.retention.processed_events = Some(Duration::from_secs(10));
     let relay = run_until_counted(&env, config, "processed_events", 1000).await;
     relay.stop().await;
     assert_eq!(count_processed(&client, "true").await, 1500);
@@ -389,7 +389,7 @@ async fn the_relay_deletes_old_outbox_rows_periodically() {
         .await
         .expect("seed young and dead rows");
     let mut config = env.config();
-    config.retention = Some(Duration::from_secs(10));
+    config.retention.processed = Some(Duration::from_secs(10));
     let relay = run_until_counted(&env, config, "outbox_events", 2300).await;
     relay.stop().await;
     assert_eq!(env.count("aggregate_id LIKE 'c%'").await, 0);
@@ -410,7 +410,7 @@ async fn run_until_counted(
     rows: u64,
 ) -> testkit::outbox::RunningRelay {
     let addr = free_addr();
-    config.metrics_addr = Some(addr);
+    config.metrics.addr = Some(addr);
     let relay = env.spawn(config).await;
     let sample = format!("outbox_retention_deleted_rows_total{{table=\"{table}\"}} {rows}");
     wait_until(

@@ -97,11 +97,10 @@ async fn subject_template_routes_by_fields_and_dead_letters_rows_that_make_no_su
 }
 
 fn config_with(env: &Env, format: HeaderFormat) -> RelayConfig {
-    RelayConfig {
-        header_format: format,
-        ce_source: "/orders-service".into(),
-        ..env.config()
-    }
+    let mut config = env.config();
+    config.publish.header_format = format;
+    config.publish.ce_source = "/orders-service".into();
+    config
 }
 
 #[tokio::test]
@@ -256,10 +255,11 @@ async fn events_routed_where_no_stream_listens_are_dead_lettered() {
     let billed = insert(&env, "billing", "b-1", "created").await;
     let stray = insert(&env, "audit", "a-1", "created").await;
     let relay = env
-        .spawn(RelayConfig {
-            subject_template: Some("{aggregate_type}.{event_type}".into()),
-            max_attempts: 2,
-            ..env.config()
+        .spawn({
+            let mut config = env.config();
+            config.publish.subject_template = Some("{aggregate_type}.{event_type}".into());
+            config.retry.max_attempts = 2;
+            config
         })
         .await;
     env.wait_dead_letters(1, WAIT).await;
@@ -304,10 +304,11 @@ async fn many_stray_subjects_in_one_batch_are_all_judged() {
     }
     let covered = insert(&env, "outbox", "o-1", "created").await;
     let relay = env
-        .spawn(RelayConfig {
-            subject_template: Some("{aggregate_type}.{event_type}".into()),
-            max_attempts: 1,
-            ..env.config()
+        .spawn({
+            let mut config = env.config();
+            config.publish.subject_template = Some("{aggregate_type}.{event_type}".into());
+            config.retry.max_attempts = 1;
+            config
         })
         .await;
     env.wait_dead_letters(40, WAIT).await;

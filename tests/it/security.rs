@@ -63,7 +63,7 @@ async fn nats_user_and_password_in_the_url() {
         .expect("stream");
 
     let mut config = RelayConfig::new(db.clone());
-    config.nats_url = good;
+    config.nats.url = good.into();
     let relay = RunningRelay::start(config).await;
     // Right credentials: the relay starts and runs until stopped.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -77,7 +77,7 @@ async fn nats_user_and_password_in_the_url() {
 
     // Wrong credentials: waiting cannot heal that, so the relay fails at once.
     let mut config = RelayConfig::new(db);
-    config.nats_url = format!("nats://relay:wrong-{SECRET}@127.0.0.1:{}", nats.port());
+    config.nats.url = format!("nats://relay:wrong-{SECRET}@127.0.0.1:{}", nats.port()).into();
     let started = std::time::Instant::now();
     let relay = Relay::new(config).await.expect("valid config");
     let err = match tokio::time::timeout(
@@ -361,8 +361,8 @@ async fn passwords_with_quotes_and_spaces_reach_the_server_intact() {
     ))
     .await;
     let mut config = RelayConfig::new(good[0].clone());
-    config.nats_url = nats.url();
-    config.schema = Some("sec".into());
+    config.nats.url = nats.url().into();
+    config.postgres.schema = Some("sec".into());
     let relay = RunningRelay::start(config).await;
     testkit::wait_until(
         "the relay's LISTEN connection (with --schema, as app) armed",

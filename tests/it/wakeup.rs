@@ -151,7 +151,7 @@ async fn writers_do_not_notify_while_the_relay_drains() {
 
     let env = Env::new().await;
     let mut config = env.config(); // fallback 60 s
-    config.publish_timeout = Duration::from_secs(60);
+    config.publish.timeout = Duration::from_secs(60);
     let relay = env.spawn(config).await;
     let observer = env.client().await;
     testkit::wait_until("the idle relay armed", Duration::from_secs(15), || async {

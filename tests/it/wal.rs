@@ -236,9 +236,10 @@ async fn a_poison_row_is_dead_lettered_and_blocks_only_its_own_aggregate() {
 #[tokio::test]
 async fn a_broker_outage_spends_no_attempts_and_loses_nothing() {
     let mut env = Env::new().await;
-    let config = RelayConfig {
-        max_attempts: 2,
-        ..env.wal_config().await
+    let config = {
+        let mut config = env.wal_config().await;
+        config.retry.max_attempts = 2;
+        config
     };
     let relay = env.spawn(config).await;
     env.insert_sql(10, "a", "order.created").await;
@@ -415,14 +416,14 @@ async fn a_relay_standing_by_takes_over_when_the_streaming_one_dies() {
 /// added.
 async fn wal_config_at(env: &Env, hosts: &str, param: Option<&str>) -> RelayConfig {
     let mut config = env.wal_config().await;
-    let url = &config.database_url;
+    let url = config.postgres.url.expose();
     assert!(url.contains("@127.0.0.1:"), "{url}");
     let mut url = url.replacen("@127.0.0.1:", &format!("@{hosts}:"), 1);
     if let Some(param) = param {
         url.push(if url.contains('?') { '&' } else { '?' });
         url.push_str(param);
     }
-    config.database_url = url;
+    config.postgres.url = url.into();
     config
 }
 
@@ -479,10 +480,11 @@ async fn without_the_publication_the_relay_says_to_run_migrate_wal() {
 async fn status_and_metrics_tell_about_the_slot() {
     let env = Env::new().await;
     let addr = testkit::free_addr();
-    let config = RelayConfig {
-        metrics_addr: Some(addr),
-        stats_interval: Duration::from_millis(200),
-        ..env.wal_config().await
+    let config = {
+        let mut config = env.wal_config().await;
+        config.metrics.addr = Some(addr);
+        config.metrics.stats_interval = Duration::from_millis(200);
+        config
     };
     let relay = env.spawn(config).await;
     streaming(&env).await;
@@ -558,9 +560,10 @@ async fn events_streamed_before_they_are_visible_are_claimed_again() {
 #[tokio::test]
 async fn wal_marking_update_keeps_the_rows_marked() {
     let env = Env::new().await;
-    let config = RelayConfig {
-        wal_marking: outbox_relay::WalMarking::Update,
-        ..env.wal_config().await
+    let config = {
+        let mut config = env.wal_config().await;
+        config.wal.marking = outbox_relay::WalMarking::Update;
+        config
     };
     let relay = env.spawn(config).await;
     streaming(&env).await;
@@ -604,9 +607,10 @@ async fn wal_marking_delete_removes_published_rows_only() {
 #[tokio::test]
 async fn a_row_locked_by_another_session_is_not_overtaken() {
     let env = Env::new().await;
-    let config = RelayConfig {
-        fallback_interval: Duration::from_secs(1),
-        ..env.wal_config().await
+    let config = {
+        let mut config = env.wal_config().await;
+        config.source.fallback_interval = Duration::from_secs(1);
+        config
     };
     // The slot first (then stopped), so that the rows below are streamed, not caught up.
     let relay = env.spawn(config.clone()).await;
@@ -659,13 +663,14 @@ async fn outboxes_in_two_schemas_stream_side_by_side() {
                 .await
                 .expect("publication");
         assert_eq!(publication, format!("outbox_relay_{schema}"));
-        let config = RelayConfig {
-            schema: Some(schema.into()),
-            source: outbox_relay::Source::Wal,
+        let config = {
+            let mut config = env.config();
+            config.postgres.schema = Some(schema.into());
+            config.source.source = outbox_relay::Source::Wal;
             // Slots are cluster-wide: the database's name keeps tests apart.
-            slot_name: Some(format!("{}_{schema}", env.slot_name())),
-            wal_marking: outbox_relay::WalMarking::Update,
-            ..env.config()
+            config.wal.slot_name = Some(format!("{}_{schema}", env.slot_name()));
+            config.wal.marking = outbox_relay::WalMarking::Update;
+            config
         };
         relays.push(env.spawn(config).await);
     }

@@ -9,7 +9,6 @@
 
 use std::time::Duration;
 
-use outbox_relay::RelayConfig;
 use testkit::outbox::{assert_ledger, CliRelay, Env};
 use testkit::{wait_until, PgCluster, PgOptions};
 use tokio::task::JoinHandle;
@@ -146,9 +145,10 @@ async fn wait_confirmed_to_now(env: &Env) {
 }
 
 async fn streaming_relay(env: &Env) -> testkit::outbox::RunningRelay {
-    let config = RelayConfig {
-        fallback_interval: Duration::from_millis(300),
-        ..env.wal_config().await
+    let config = {
+        let mut config = env.wal_config().await;
+        config.source.fallback_interval = Duration::from_millis(300);
+        config
     };
     let relay = env.spawn(config).await;
     crate::wal::streaming(env).await;
@@ -213,9 +213,10 @@ async fn an_event_streamed_before_it_is_visible_is_not_lost_while_its_aggregate_
 async fn the_slot_goes_on_confirming_after_a_carried_rows_aggregate_is_handed_to_the_table() {
     let pg = cluster_without_its_standby().await;
     let env = Env::on(&pg).await;
-    let config = RelayConfig {
-        fallback_interval: Duration::from_millis(300),
-        ..env.wal_config().await
+    let config = {
+        let mut config = env.wal_config().await;
+        config.source.fallback_interval = Duration::from_millis(300);
+        config
     };
     // The slot first, then stopped: both rows below stream at once when the relay comes back,
     // and are claimed in one batch.

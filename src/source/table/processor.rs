@@ -8,7 +8,7 @@ use backoff::SystemClock;
 use tokio::time::sleep_until;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Ordering, RelayConfig};
+use crate::config::{BatchConfig, Ordering, RetryConfig};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::policy::{trouble_backoff, LINGER};
@@ -19,7 +19,10 @@ use crate::source::table::signals::{Arming, Signals, Wake};
 use crate::source::table::store::Store;
 
 pub(crate) struct Processor<'a> {
-    pub config: &'a RelayConfig,
+    pub batch: &'a BatchConfig,
+    pub retry: &'a RetryConfig,
+    /// Poll this often even without notifications.
+    pub fallback_interval: Duration,
     pub publisher: Publisher,
     pub signals: &'a Signals,
     pub metrics: &'a Metrics,
@@ -47,14 +50,17 @@ enum Next {
 
 impl<'a> Processor<'a> {
     pub fn new(
-        config: &'a RelayConfig,
+        (batch, retry): (&'a BatchConfig, &'a RetryConfig),
+        fallback_interval: Duration,
         publisher: Publisher,
         signals: &'a Signals,
         metrics: &'a Metrics,
         stores: [Store; 2],
     ) -> Self {
         Processor {
-            config,
+            batch,
+            retry,
+            fallback_interval,
             publisher,
             signals,
             metrics,
@@ -119,15 +125,16 @@ impl<'a> Processor<'a> {
     /// whole backlog for nothing (measured: 2.6x slower at 1,000 aggregates).
     async fn batch(&mut self, backlog: bool) -> Result<BatchReport> {
         let [first, second] = &mut self.stores;
-        let (config, publisher, metrics) = (self.config, &self.publisher, self.metrics);
-        if backlog && config.ordering == Ordering::None {
+        let (batch, retry) = (self.batch, self.retry);
+        let (publisher, metrics) = (&self.publisher, self.metrics);
+        if backlog && batch.ordering == Ordering::None {
             let (a, b) = tokio::join!(
-                process_batch(config, publisher, metrics, first),
-                process_batch(config, publisher, metrics, second)
+                process_batch(batch, retry, publisher, metrics, first),
+                process_batch(batch, retry, publisher, metrics, second)
             );
             a.and_then(|a| b.map(|b| a.merge(b)))
         } else {
-            process_batch(config, publisher, metrics, first).await
+            process_batch(batch, retry, publisher, metrics, first).await
         }
     }
 
@@ -180,7 +187,7 @@ impl<'a> Processor<'a> {
 
     /// Waits for a notification, the fallback ticker or a row's retry time; `None` on shutdown.
     async fn wait(&mut self, shutdown: &CancellationToken) -> Option<Wake> {
-        let fallback = Instant::now() + self.config.fallback_interval;
+        let fallback = Instant::now() + self.fallback_interval;
         let at = self.next_retry.map_or(fallback, |r| r.min(fallback));
         let wake = tokio::select! {
             _ = shutdown.cancelled() => return None,

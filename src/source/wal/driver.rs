@@ -141,8 +141,7 @@ impl WalSource<'_> {
                         aggregates = handed.len(),
                         "aggregates handed to the table (a failed or held event)"
                     );
-                    let at =
-                        Instant::now() + report.next_retry.unwrap_or(self.config.fallback_interval);
+                    let at = Instant::now() + report.next_retry.unwrap_or(self.fallback_interval);
                     sweep_at = Some(sweep_at.map_or(at, |s| s.min(at)));
                 }
                 if report.published > 0 {
@@ -212,7 +211,7 @@ impl WalSource<'_> {
     fn fill(&self, pipeline: &mut Pipeline, stream: &mut Stream) -> Result<()> {
         loop {
             let (rows, bytes) = pipeline.queued();
-            if rows >= self.config.batch_size || bytes >= self.config.max_batch_bytes {
+            if self.batch.is_full(rows, bytes) {
                 return Ok(());
             }
             match stream.ready()? {
@@ -239,7 +238,7 @@ impl WalSource<'_> {
         let cut = if no_claim {
             None
         } else {
-            pipeline.cut(self.config.batch_size, self.config.max_batch_bytes)
+            pipeline.cut(self.batch.size, self.batch.max_bytes)
         };
         let fin_store = finishing.as_ref().map(|f| f.store);
         let pub_store = publishing.as_ref().map(|(c, _)| c.store);
@@ -257,7 +256,7 @@ impl WalSource<'_> {
             }
         }
         let metrics = self.metrics;
-        let (config, publisher) = (self.config, &self.publisher);
+        let (retry, publisher) = (self.retry, &self.publisher);
         let record = async {
             let (f, store) = (finishing?, fin_s?);
             let result = match store.resume(f.open, f.handed.clone()) {
@@ -282,7 +281,7 @@ impl WalSource<'_> {
             let result = async {
                 let (mut claim, record) = store.resume(open, Vec::new())?;
                 let started = Instant::now();
-                match publish_claim(config, publisher, metrics, &mut claim, started).await {
+                match publish_claim(retry, publisher, metrics, &mut claim, started).await {
                     Ok(published) => {
                         // Recording needs the ids only: the rows' content goes now, so that no
                         // more than two batches' rows are held at once.

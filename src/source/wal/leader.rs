@@ -173,14 +173,14 @@ impl WalSource<'_> {
             control.caught_up(&self.slot).await?;
         }
         let held = control.deferred(created).await?;
-        let buffer = self.config.batch_size.saturating_mul(2);
+        let buffer = self.batch.stream_buffer();
         let start = Stream::start(
             self.url,
             state.server,
             &self.slot,
             (&state.publication, state.published.table_oid),
             buffer,
-            self.config.max_batch_bytes,
+            self.batch.max_bytes,
         );
         let Some(stream) = until_shutdown(shutdown, start).await else {
             tracing::info!(slot = %self.slot, "stopped while the replication stream was starting");
@@ -307,13 +307,14 @@ impl WalSource<'_> {
                 return Ok(false);
             }
             let started = std::time::Instant::now();
-            let (config, publisher, metrics) = (self.config, &self.publisher, self.metrics);
+            let (batch, retry) = (self.batch, self.retry);
+            let (publisher, metrics) = (&self.publisher, self.metrics);
             let result = match self.stores[0]
-                .claim_table(config.ordering, config.batch_size, config.max_batch_bytes)
+                .claim_table(batch.ordering, batch.size, batch.max_bytes)
                 .await
             {
                 Ok((claim, record)) => {
-                    run_claim(config, publisher, metrics, claim, started, record).await
+                    run_claim(retry, publisher, metrics, claim, started, record).await
                 }
                 Err(e) => Err(e),
             };

@@ -31,7 +31,7 @@ use std::time::Duration;
 use backoff::exponential::ExponentialBackoff;
 use backoff::SystemClock;
 
-use crate::config::RelayConfig;
+use crate::config::{BatchConfig, RetryConfig};
 use crate::error::Error;
 use crate::health::Health;
 use crate::metrics::Metrics;
@@ -58,7 +58,10 @@ impl From<Error> for Stop {
 
 /// The wal source of one relay.
 pub(crate) struct WalSource<'a> {
-    pub config: &'a RelayConfig,
+    pub batch: &'a BatchConfig,
+    pub retry: &'a RetryConfig,
+    /// The longest wait for a sweep of the aggregates handed to the table.
+    pub fallback_interval: Duration,
     /// The control and replication connections' URL (direct, never pooled; the schema in the
     /// session).
     pub url: &'a str,

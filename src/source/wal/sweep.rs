@@ -21,18 +21,19 @@ impl WalSource<'_> {
     /// the next sweep is due (`None`: the table holds no aggregate).
     pub(super) async fn sweep(&mut self, pipeline: &mut Pipeline) -> Option<Instant> {
         let round = pipeline.sweep_round(SWEEP_AGGREGATES)?;
-        let per_aggregate = (self.config.batch_size / round.aggregates.len()).max(1);
+        let per_aggregate = self.batch.per_aggregate(round.aggregates.len());
         let started = Instant::now();
         let mut taken_back = Vec::new();
         let mut next_due = None;
-        let (config, publisher, metrics) = (self.config, &self.publisher, self.metrics);
+        let (batch, retry) = (self.batch, self.retry);
+        let (publisher, metrics) = (&self.publisher, self.metrics);
         let result = match self.stores[0]
             .sweep(
                 &round.aggregates,
                 &round.frozen,
                 per_aggregate,
-                config.batch_size,
-                config.max_batch_bytes,
+                batch.size,
+                batch.max_bytes,
             )
             .await
         {
@@ -40,7 +41,7 @@ impl WalSource<'_> {
                 next_due = info.next_due;
                 let taken_back = &mut taken_back;
                 run_claim_with(
-                    config,
+                    retry,
                     publisher,
                     metrics,
                     claim,
@@ -85,15 +86,11 @@ impl WalSource<'_> {
                 } else if pipeline.held().is_empty() {
                     None
                 } else {
-                    let wait = [
-                        next_due,
-                        report.next_retry,
-                        Some(self.config.fallback_interval),
-                    ]
-                    .into_iter()
-                    .flatten()
-                    .min()
-                    .unwrap_or(self.config.fallback_interval);
+                    let wait = [next_due, report.next_retry, Some(self.fallback_interval)]
+                        .into_iter()
+                        .flatten()
+                        .min()
+                        .unwrap_or(self.fallback_interval);
                     Some(now + wait)
                 }
             }
