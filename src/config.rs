@@ -353,7 +353,7 @@ fn split_credentials(urls: &str) -> Result<(Vec<url::Url>, Option<Credentials>)>
         let mut url = url::Url::parse(&with_scheme).map_err(|e| {
             Error::config(
                 "nats_url",
-                format!("cannot parse {}: {e}", crate::db::redact(raw)),
+                format!("cannot parse {}: {e}", crate::redact::redact(raw)),
             )
         })?;
         let user = percent_decode(url.username());

@@ -5,7 +5,7 @@ use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
 use crate::error::Result;
-use crate::publisher::{
+use crate::header::{
     CE_ID, CE_SUBJECT, CE_TYPE, HEADER_AGGREGATE_ID, HEADER_EVENT_ID, HEADER_EVENT_TYPE,
 };
 
@@ -86,7 +86,7 @@ fn first_of<'a>(headers: Option<&'a async_nats::HeaderMap>, names: &[&str]) -> O
 mod tests {
     use super::*;
     use crate::config::HeaderFormat;
-    use crate::publisher::headers_as;
+    use crate::wire::headers_as;
 
     #[test]
     fn reads_either_header_format() {

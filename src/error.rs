@@ -261,7 +261,7 @@ impl Error {
     /// The message with any password of a connection string in it replaced (for logs and
     /// terminals).
     pub fn redacted(&self) -> String {
-        crate::db::redact(&self.to_string())
+        crate::redact::redact(&self.to_string())
     }
 
     /// At start: is this something the relay should wait out (a server not up yet, a database not

@@ -300,7 +300,7 @@ fn validate_header_block(
     event_type: &str,
     headers: &BTreeMap<String, String>,
 ) -> Result<()> {
-    use crate::publisher::{
+    use crate::header::{
         HEADER_AGGREGATE_ID, HEADER_AGGREGATE_TYPE, HEADER_CREATED_AT, HEADER_EVENT_ID,
         HEADER_EVENT_TYPE,
     };

@@ -6,14 +6,16 @@
 //!
 //! Public (what an application embedding the relay or writing events needs):
 //! - [`event`]: `NewEvent` (what writers enqueue), `OutboxEvent` (what the relay publishes), and the
-//!   subject/header rules both obey. [`wire`]: the header names consumers read.
+//!   subject/header rules both obey. [`wire`]: the header names consumers read and the headers of
+//!   a message.
 //! - [`writer`]: `enqueue` / `enqueue_many`, for any tokio-postgres `GenericClient`; `sqlx`
 //!   (feature `sqlx`): the same for sqlx executors.
 //! - [`consumer`]: `process_once` for idempotent consumers; `event_id`, `aggregate_id` and
 //!   `event_type` read a message's headers in either format (`Outbox-*` or CloudEvents).
 //! - [`migrate`]: the versioned schema in `sql/migrations`, also as scripts for other migration
 //!   tools; `sqlx::migrator` (feature `sqlx`): the same as a sqlx `Migrator`.
-//! - [`config`]: `RelayConfig` with defaults and `validate()`.
+//! - [`config`]: `RelayConfig`, one section per part (`postgres`, `nats`, `publish`, `batch`,
+//!   `retry`, `source`, `wal`, `retention`, `metrics`), each with defaults and `validate()`.
 //! - [`Relay`]: runs the relay in the application's runtime; [`HealthReport`] and [`metrics`] for
 //!   its health checks and `/metrics`.
 //! - [`ops`]: status, dead letters, cleanup (the operator CLI and the relay's periodic tasks).
@@ -21,9 +23,10 @@
 //!   (connections as the relay makes them; connection strings with passwords hidden).
 //!
 //! Private (the relay's inside):
-//! - `relay`: what both sources share: `Relay` (start-up waits, side tasks, shutdown and
-//!   hand-over), `relay::batch` (publish, settle under the policy, record), recovery and backoff
-//!   after a failed batch.
+//! - `relay`: `Relay` (start-up waits, side tasks, shutdown and hand-over): resolves the config
+//!   once and hands each part its section.
+//! - `source`: what both sources share: `source::batch` (publish, settle under the policy,
+//!   record), `source::recovery` (after a failed batch; pauses that yield to shutdown).
 //! - `source::table` (`--source notify`): `processor` (drain, arm, wait, drain), `listener`
 //!   (LISTEN/NOTIFY, arming), `signals` (wake reasons, the arming state machine), `store` (the
 //!   worker connection and the claim from the table, `sql/queries`).
@@ -31,14 +34,17 @@
 //!   `driver` (pipelined batches), `pipeline` (the pure state machine of streamed rows, batches and
 //!   the confirmable position), `stream` and `pgoutput` (the replication connection), `store`
 //!   and `control` (its queries), `publication`, `sweep` (aggregates the table holds).
-//! - `policy`: the retry and dead-letter rules as pure functions.
+//! - `policy`: the outcome of a publish and the retry and dead-letter rules that judge it, as pure
+//!   functions.
 //! - `health`: what the relay knows about its connections.
 //! - `publisher`: everything NATS; `subject`: the subject template, parsed at start and rendered
 //!   per row.
 //! - `http`: `/metrics`, `/healthz`, `/readyz`; `background`: gauges and the retention of
 //!   `outbox_events` and `processed_events`.
 //! - `clock`: one clock; the database's, which every time the database wrote is compared with.
-//! - `db`, `tls`: connections, libpq connection strings, `sslmode` over rustls; `timestamp`:
+//! - `db` (with `db::conninfo`, `db::tls`): connections, libpq connection strings, `sslmode` over
+//!   rustls; `redact`: passwords out of free text (a leaf, for errors); `header`: the header
+//!   names (a leaf, shared by the event rules and `wire`); `timestamp`:
 //!   PostgreSQL timestamps of any value without panics; `otel` (feature `otel`): the writer's
 //!   trace context through the global propagator and the relay's PRODUCER span per publish.
 //!
@@ -55,6 +61,7 @@ pub mod consumer;
 mod db;
 pub mod error;
 pub mod event;
+mod header;
 mod health;
 mod http;
 pub mod metrics;
@@ -64,6 +71,7 @@ pub mod ops;
 mod otel;
 mod policy;
 mod publisher;
+mod redact;
 mod relay;
 mod source;
 #[cfg(feature = "sqlx")]
@@ -71,16 +79,16 @@ mod source;
 pub mod sqlx;
 mod subject;
 mod timestamp;
-mod tls;
 pub mod wire;
 pub mod writer;
 
 pub use config::{HeaderFormat, NotifyMode, Ordering, RelayConfig, Source, WalMarking};
 pub use consumer::process_once;
-pub use db::{connect, redact};
+pub use db::connect;
 pub use error::{Error, ErrorKind, Result};
 pub use event::{NewEvent, OutboxEvent};
 pub use health::HealthReport;
+pub use redact::redact;
 pub use relay::Relay;
 pub use timestamp::Timestamp;
 pub use writer::{enqueue, enqueue_many};

@@ -1,16 +1,16 @@
 //! The retry and dead-letter policy as pure functions: who is to blame for a failed publish,
 //! whether it spends one of the row's attempts, when the row is tried again, when it is
-//! dead-lettered, and whether a whole batch met a broker outage rather than bad events. The relay
-//! loop asks; nothing here does I/O, so every rule has a unit test below.
+//! dead-lettered, and whether a whole batch met a broker outage rather than bad events. The outcome of
+//! each publish is defined here, next to the rules that judge it. The relay loop asks; nothing here
+//! does I/O, so every rule has a unit test below.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use backoff::backoff::Backoff;
 use backoff::exponential::ExponentialBackoff;
 use backoff::{ExponentialBackoffBuilder, SystemClock};
 
 use crate::config::RetryConfig;
-use crate::publisher::Outcome;
 
 /// Who is to blame for a failed publish: it decides whether an attempt is spent. Only failures
 /// that are the event's own spend attempts; the broker's trouble never does.
@@ -30,6 +30,44 @@ pub(crate) enum FailureKind {
     /// The broker cannot take messages now (connection lost, no responders while JetStream does
     /// not answer, storage full, no leader): not the event's fault.
     Broker,
+}
+
+/// What happened to one event of a batch.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    /// Stored by JetStream (`duplicate`: it was already there, dropped by the Msg-Id dedup).
+    Published {
+        duplicate: bool,
+        /// When the ack came, on the database's clock (see [`crate::clock`]): it is compared with
+        /// the row's `created_at`.
+        acked_at: SystemTime,
+    },
+    Failed(Failure),
+    /// An earlier event of the same aggregate failed, so this one was held back.
+    NotAttempted,
+}
+
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub kind: FailureKind,
+    pub message: String,
+    /// The subject nobody answered on ("no responders"): whose fault that is is settled by a
+    /// lookup after the batch (see `Publisher::publish`).
+    pub(crate) no_responders: Option<String>,
+    /// The event's send span (disabled unless traced): what is logged about this failure is logged
+    /// inside it, so that the log lines and span events belong to the send.
+    pub span: tracing::Span,
+}
+
+impl Failure {
+    pub(crate) fn new(kind: FailureKind, message: impl Into<String>) -> Self {
+        Failure {
+            kind,
+            message: message.into(),
+            no_responders: None,
+            span: tracing::Span::none(),
+        }
+    }
 }
 
 impl FailureKind {
@@ -179,10 +217,7 @@ fn backoff(
 
 #[cfg(test)]
 mod tests {
-    use std::time::SystemTime;
-
     use super::*;
-    use crate::publisher::Failure;
 
     const ALL: [FailureKind; 5] = [
         FailureKind::Invalid,

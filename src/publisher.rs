@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use async_nats::jetstream::{self, context::PublishErrorKind, stream};
 use futures::future::join_all;
@@ -13,75 +13,12 @@ use crate::clock::DbClock;
 use crate::config::{BatchConfig, Credentials, HeaderFormat, NatsConfig, PublishConfig};
 use crate::error::{Error, Result};
 use crate::event::OutboxEvent;
-use crate::policy::FailureKind;
+use crate::policy::{Failure, FailureKind, Outcome};
 use crate::subject::SubjectTemplate;
-
-/// The event's id (also sent as `Nats-Msg-Id`).
-pub const HEADER_EVENT_ID: &str = "Outbox-Event-Id";
-/// The event's `aggregate_type`.
-pub const HEADER_AGGREGATE_TYPE: &str = "Outbox-Aggregate-Type";
-/// The event's `aggregate_id`.
-pub const HEADER_AGGREGATE_ID: &str = "Outbox-Aggregate-Id";
-/// The event's `event_type`.
-pub const HEADER_EVENT_TYPE: &str = "Outbox-Event-Type";
-/// When the row was written, RFC 3339.
-pub const HEADER_CREATED_AT: &str = "Outbox-Created-At";
-
-/// CloudEvents NATS binding, binary mode: `1.0`.
-pub const CE_SPECVERSION: &str = "ce-specversion";
-/// The event's id (the same as `Nats-Msg-Id`).
-pub const CE_ID: &str = "ce-id";
-/// The event's `event_type`.
-pub const CE_TYPE: &str = "ce-type";
-/// The producer (`ce_source` of the relay's config).
-pub const CE_SOURCE: &str = "ce-source";
-/// When the row was written, RFC 3339.
-pub const CE_TIME: &str = "ce-time";
-/// The event's `aggregate_id`: what the event is about, within its source.
-pub const CE_SUBJECT: &str = "ce-subject";
-/// The payload's media type (CloudEvents `datacontenttype`): `application/json`.
-pub const CONTENT_TYPE: &str = "content-type";
+use crate::wire::{header_block_len, headers_with};
 
 /// Duplicate window of streams created by `--create-stream`.
 pub const MIN_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
-
-/// What happened to one event of a batch.
-#[derive(Debug, Clone)]
-pub enum Outcome {
-    /// Stored by JetStream (`duplicate`: it was already there, dropped by the Msg-Id dedup).
-    Published {
-        duplicate: bool,
-        /// When the ack came, on the database's clock (see [`crate::clock`]): it is compared with
-        /// the row's `created_at`.
-        acked_at: SystemTime,
-    },
-    Failed(Failure),
-    /// An earlier event of the same aggregate failed, so this one was held back.
-    NotAttempted,
-}
-
-#[derive(Debug, Clone)]
-pub struct Failure {
-    pub kind: FailureKind,
-    pub message: String,
-    /// The subject nobody answered on ("no responders"): whose fault that is is settled by a
-    /// lookup after the batch (see [`Publisher::publish`]).
-    no_responders: Option<String>,
-    /// The event's send span (disabled unless traced): what is logged about this failure is logged
-    /// inside it, so that the log lines and span events belong to the send.
-    pub span: tracing::Span,
-}
-
-impl Failure {
-    pub(crate) fn new(kind: FailureKind, message: impl Into<String>) -> Self {
-        Failure {
-            kind,
-            message: message.into(),
-            no_responders: None,
-            span: tracing::Span::none(),
-        }
-    }
-}
 
 #[derive(Clone)]
 pub(crate) struct Publisher {
@@ -160,8 +97,8 @@ pub(crate) async fn connect(
         };
         let message = format!(
             "{what} ({}): {}",
-            crate::db::redact(nats.url.expose()),
-            crate::db::redact(&e.to_string())
+            crate::redact::redact(nats.url.expose()),
+            crate::redact::redact(&e.to_string())
         );
         if refused {
             Error::refused(format!("NATS {message}"))
@@ -522,7 +459,7 @@ use crate::otel::{
 
 /// Without the `otel` feature: no span, the row's headers go out as they are.
 #[cfg(not(feature = "otel"))]
-fn send_span(_: &OutboxEvent, _: &str, _: SystemTime) -> tracing::Span {
+fn send_span(_: &OutboxEvent, _: &str, _: std::time::SystemTime) -> tracing::Span {
     tracing::Span::none()
 }
 
@@ -562,129 +499,6 @@ fn is_not_found(e: &jetstream::context::GetStreamError) -> bool {
         if js.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
 }
 
-/// The header block as NATS writes it: `NATS/1.0\r\n`, `Name: value\r\n` per value, a blank line.
-fn header_block_len(headers: &async_nats::HeaderMap) -> usize {
-    let lines: usize = headers
-        .iter()
-        .map(|(name, values)| {
-            values
-                .iter()
-                .map(|v| {
-                    AsRef::<[u8]>::as_ref(name).len() + ": ".len() + v.as_str().len() + "\r\n".len()
-                })
-                .sum::<usize>()
-        })
-        .sum();
-    "NATS/1.0\r\n".len() + lines + "\r\n".len()
-}
-
-/// The headers of the default [`HeaderFormat::Outbox`]: `Nats-Msg-Id` (JetStream dedup), the
-/// `Outbox-*` metadata, and the row's own headers. Call it only for an event that passed
-/// [`OutboxEvent::validate`].
-pub fn headers(event: &OutboxEvent) -> async_nats::HeaderMap {
-    headers_as(event, HeaderFormat::Outbox, "")
-}
-
-/// The headers of a message in `format`: the row's own headers first, then `Nats-Msg-Id` and the
-/// metadata (which win over a row header of the same name). `ce_source` is used by the
-/// CloudEvents formats only. Call it only for an event that passed [`OutboxEvent::validate`].
-pub fn headers_as(
-    event: &OutboxEvent,
-    format: HeaderFormat,
-    ce_source: &str,
-) -> async_nats::HeaderMap {
-    headers_with(event, format, ce_source, &[])
-}
-
-/// [`headers_as`] with `trace` (the send span's context) in place of the row's trace headers: a
-/// row's header of the same name whatever its case takes the new value, under its own name.
-fn headers_with(
-    event: &OutboxEvent,
-    format: HeaderFormat,
-    ce_source: &str,
-    trace: &[(String, String)],
-) -> async_nats::HeaderMap {
-    use async_nats::header::HeaderName;
-    // The relay's own names: built once, no copy per message.
-    const EVENT_ID: HeaderName = HeaderName::from_static(HEADER_EVENT_ID);
-    const AGGREGATE_TYPE: HeaderName = HeaderName::from_static(HEADER_AGGREGATE_TYPE);
-    const AGGREGATE_ID: HeaderName = HeaderName::from_static(HEADER_AGGREGATE_ID);
-    const EVENT_TYPE: HeaderName = HeaderName::from_static(HEADER_EVENT_TYPE);
-    const CREATED_AT: HeaderName = HeaderName::from_static(HEADER_CREATED_AT);
-    const SPECVERSION: HeaderName = HeaderName::from_static(CE_SPECVERSION);
-    const ID: HeaderName = HeaderName::from_static(CE_ID);
-    const TYPE: HeaderName = HeaderName::from_static(CE_TYPE);
-    const SOURCE: HeaderName = HeaderName::from_static(CE_SOURCE);
-    const TIME: HeaderName = HeaderName::from_static(CE_TIME);
-    const SUBJECT: HeaderName = HeaderName::from_static(CE_SUBJECT);
-    const MEDIA_TYPE: HeaderName = HeaderName::from_static(CONTENT_TYPE);
-
-    let id = event.id.to_string();
-    // RFC 3339 for every event that passed validation.
-    let created_at = event.created_at.to_string();
-    let outbox = matches!(format, HeaderFormat::Outbox | HeaderFormat::Both);
-    let cloudevents = matches!(format, HeaderFormat::CloudEvents | HeaderFormat::Both);
-    let mut h = async_nats::HeaderMap::new();
-    let mut replaced = vec![false; trace.len()];
-    for (name, value) in &event.headers {
-        // NATS header names are case-sensitive: a row's `CE-Type` next to the relay's `ce-type`
-        // would leave consumers two answers. The relay's own attributes win.
-        if cloudevents && is_ce_attribute(name) {
-            continue;
-        }
-        let value = match trace.iter().position(|(t, _)| t.eq_ignore_ascii_case(name)) {
-            Some(i) => {
-                replaced[i] = true;
-                trace[i].1.as_str()
-            }
-            None => value.as_str(),
-        };
-        h.insert(name.as_str(), value);
-    }
-    for ((name, value), _) in trace.iter().zip(&replaced).filter(|(_, r)| !**r) {
-        h.insert(name.as_str(), value.as_str());
-    }
-    h.insert(async_nats::header::NATS_MESSAGE_ID, id.clone());
-    if outbox {
-        h.insert(EVENT_ID, id.clone());
-        h.insert(AGGREGATE_TYPE, event.aggregate_type.as_str());
-        h.insert(AGGREGATE_ID, event.aggregate_id.as_str());
-        h.insert(EVENT_TYPE, event.event_type.as_str());
-        h.insert(CREATED_AT, created_at.clone());
-    }
-    if cloudevents {
-        h.insert(SPECVERSION, "1.0");
-        h.insert(ID, id);
-        h.insert(TYPE, event.event_type.as_str());
-        h.insert(SOURCE, ce_source);
-        h.insert(TIME, created_at);
-        h.insert(SUBJECT, event.aggregate_id.as_str());
-        // The payload is jsonb text; a row that names its own media type keeps it.
-        if !event
-            .headers
-            .keys()
-            .any(|name| name.eq_ignore_ascii_case(CONTENT_TYPE))
-        {
-            h.insert(MEDIA_TYPE, "application/json");
-        }
-    }
-    h
-}
-
-/// One of the `ce-*` headers the relay sets, in any case.
-fn is_ce_attribute(name: &str) -> bool {
-    [
-        CE_SPECVERSION,
-        CE_ID,
-        CE_TYPE,
-        CE_SOURCE,
-        CE_TIME,
-        CE_SUBJECT,
-    ]
-    .iter()
-    .any(|ce| name.eq_ignore_ascii_case(ce))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -694,83 +508,5 @@ mod tests {
         assert_eq!(Coverage::Uncovered.blame(), FailureKind::Rejected);
         assert_eq!(Coverage::Covered.blame(), FailureKind::Broker);
         assert_eq!(Coverage::Unknown.blame(), FailureKind::Broker);
-    }
-
-    fn event() -> OutboxEvent {
-        OutboxEvent {
-            id: uuid::Uuid::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef),
-            seq: 1,
-            aggregate_type: "order".into(),
-            aggregate_id: "42".into(),
-            event_type: "order.created".into(),
-            payload: bytes::Bytes::from_static(b"{}"),
-            headers: [
-                (
-                    "traceparent".to_string(),
-                    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_string(),
-                ),
-                ("CE-Type".to_string(), "spoofed".to_string()),
-            ]
-            .into_iter()
-            .collect(),
-            attempts: 0,
-            created_at: crate::Timestamp::now(),
-            defect: None,
-        }
-    }
-
-    fn get(h: &async_nats::HeaderMap, name: &str) -> Option<String> {
-        h.get(name).map(|v| v.as_str().to_string())
-    }
-
-    #[test]
-    fn header_formats() {
-        let e = event();
-        let id = e.id.to_string();
-        let time = e.created_at.to_string();
-        let outbox = headers_as(&e, HeaderFormat::Outbox, "/unused");
-        assert_eq!(get(&outbox, "Nats-Msg-Id"), Some(id.clone()));
-        assert_eq!(get(&outbox, HEADER_EVENT_ID), Some(id.clone()));
-        assert_eq!(get(&outbox, CE_ID), None);
-        // Without CloudEvents the row's headers pass as they are.
-        assert_eq!(get(&outbox, "CE-Type"), Some("spoofed".into()));
-        assert_eq!(outbox, headers(&e));
-
-        let ce = headers_as(&e, HeaderFormat::CloudEvents, "/orders");
-        assert_eq!(get(&ce, "Nats-Msg-Id"), Some(id.clone()));
-        assert_eq!(get(&ce, HEADER_EVENT_ID), None);
-        assert_eq!(get(&ce, CE_SPECVERSION).as_deref(), Some("1.0"));
-        assert_eq!(get(&ce, CE_ID), Some(id.clone()));
-        assert_eq!(get(&ce, CE_TYPE).as_deref(), Some("order.created"));
-        assert_eq!(get(&ce, CE_SOURCE).as_deref(), Some("/orders"));
-        assert_eq!(get(&ce, CE_TIME), Some(time));
-        assert_eq!(get(&ce, CE_SUBJECT).as_deref(), Some("42"));
-        assert_eq!(get(&ce, CONTENT_TYPE).as_deref(), Some("application/json"));
-        assert_eq!(get(&ce, "CE-Type"), None, "the relay's ce-type wins");
-        assert!(get(&ce, "traceparent").is_some());
-
-        let both = headers_as(&e, HeaderFormat::Both, "/orders");
-        assert_eq!(get(&both, HEADER_EVENT_ID), Some(id.clone()));
-        assert_eq!(get(&both, CE_ID), Some(id));
-        assert_eq!(both.len(), outbox.len() + ce.len() - 2 - 1);
-
-        let mut typed = event();
-        typed
-            .headers
-            .insert("Content-Type".into(), "application/cloudevents+json".into());
-        let ce = headers_as(&typed, HeaderFormat::CloudEvents, "/orders");
-        assert_eq!(get(&ce, CONTENT_TYPE), None, "the row's media type is kept");
-        assert_eq!(
-            get(&ce, "Content-Type").as_deref(),
-            Some("application/cloudevents+json")
-        );
-    }
-
-    #[test]
-    fn header_block_length_is_what_nats_writes() {
-        let mut h = async_nats::HeaderMap::new();
-        assert_eq!(header_block_len(&h), "NATS/1.0\r\n\r\n".len());
-        h.insert("A", "bc");
-        assert_eq!(header_block_len(&h), "NATS/1.0\r\nA: bc\r\n\r\n".len());
     }
 }

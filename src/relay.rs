@@ -4,8 +4,6 @@
 //! - `processor`: the loop (drain, arm, wait, drain).
 //! - `batch`: one batch (claim, publish, settle under [`crate::policy`], record, commit).
 
-pub(crate) mod batch;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -74,7 +72,7 @@ impl Relay {
     /// Like [`Relay::new`], recording into the given metrics (so an application can serve them).
     /// Their event type cap is set to the config's `metrics.event_types_max`.
     pub async fn with_metrics(config: RelayConfig, metrics: Arc<Metrics>) -> Result<Relay> {
-        crate::tls::install_default_provider();
+        crate::db::tls::install_default_provider();
         let settings = config.resolve()?;
         metrics.set_event_types_max(settings.config.metrics.event_types_max);
         let mode = settings.config.source.notify_mode;
@@ -190,7 +188,7 @@ impl Relay {
                 }
             }
             let delay = backoff.next_backoff().unwrap_or(Duration::from_secs(5));
-            if !pause(shutdown, delay).await {
+            if !crate::source::recovery::pause(shutdown, delay).await {
                 return Ok(None);
             }
         }
@@ -284,39 +282,5 @@ impl Relay {
             let _ = h.await;
         }
         result
-    }
-}
-
-/// After a failed batch (either source): connections that may be broken are dropped (the next
-/// claim reconnects); the broker's outage needs nothing but the pause.
-pub(crate) fn recover<'s>(
-    stores: impl IntoIterator<Item = &'s mut Store>,
-    e: &crate::error::Error,
-) {
-    if e.is_broker_unavailable() {
-        return;
-    }
-    if e.is_prepared_statement_lost() {
-        // Behind a transaction pooler that keeps no prepared statements
-        // (--prepared-statements true by mistake): unnamed from now on.
-        tracing::warn!("prepared statements do not survive between transactions on this connection (a transaction pooler?): sending them unnamed; set --prepared-statements false");
-        stores.into_iter().for_each(Store::stop_preparing);
-    } else {
-        stores.into_iter().for_each(Store::reset);
-    }
-}
-
-/// The next pause of a trouble backoff (either source).
-pub(crate) fn next_delay(
-    backoff: &mut backoff::exponential::ExponentialBackoff<backoff::SystemClock>,
-) -> Duration {
-    backoff.next_backoff().unwrap_or(Duration::from_secs(10))
-}
-
-/// Sleeps `delay` unless shutdown comes first (then false).
-pub(crate) async fn pause(shutdown: &CancellationToken, delay: Duration) -> bool {
-    tokio::select! {
-        _ = shutdown.cancelled() => false,
-        _ = tokio::time::sleep(delay) => true,
     }
 }

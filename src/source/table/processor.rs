@@ -13,8 +13,8 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::policy::{trouble_backoff, LINGER};
 use crate::publisher::Publisher;
-use crate::relay::batch::{process_batch, BatchReport};
-use crate::relay::pause;
+use crate::source::batch::{process_batch, BatchReport};
+use crate::source::recovery::pause;
 use crate::source::table::signals::{Arming, Signals, Wake};
 use crate::source::table::store::Store;
 
@@ -178,11 +178,11 @@ impl<'a> Processor<'a> {
     }
 
     fn trouble_delay(&mut self) -> Duration {
-        crate::relay::next_delay(&mut self.trouble)
+        crate::source::recovery::next_delay(&mut self.trouble)
     }
 
     fn recover(&mut self, e: &Error) {
-        crate::relay::recover(&mut self.stores, e);
+        crate::source::recovery::recover(&mut self.stores, e);
     }
 
     /// Waits for a notification, the fallback ticker or a row's retry time; `None` on shutdown.

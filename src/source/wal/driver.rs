@@ -18,8 +18,8 @@ use super::stream::Stream;
 use super::{Stop, WalSource};
 use crate::error::{Error, Result};
 use crate::event::{AggregateKey, OutboxEvent};
-use crate::relay::batch::{publish_claim, BatchReport, Published};
-use crate::relay::pause;
+use crate::source::batch::{publish_claim, BatchReport, Published};
+use crate::source::recovery::pause;
 
 /// A streamed row not visible yet is claimed again after this pause, doubling while it stays so
 /// (up to the cap). PostgreSQL writes a commit record (which the stream sends) a moment before the

@@ -10,8 +10,8 @@ use super::control::{Aside, Control, Recheck};
 use super::stream::Stream;
 use super::{Stop, WalSource};
 use crate::error::{Error, Result};
-use crate::relay::batch::run_claim;
-use crate::relay::pause;
+use crate::source::batch::run_claim;
+use crate::source::recovery::pause;
 
 /// How often a relay standing by asks for the leadership.
 const STANDBY_POLL: Duration = Duration::from_secs(1);

@@ -78,12 +78,12 @@ pub(crate) struct WalSource<'a> {
 impl WalSource<'_> {
     /// The next pause after trouble (exponential, capped).
     fn trouble_delay(&mut self) -> Duration {
-        crate::relay::next_delay(&mut self.trouble)
+        crate::source::recovery::next_delay(&mut self.trouble)
     }
 
     /// After a failed batch or sweep: connections that may be broken are dropped, statements
     /// lost to a pooler are sent unnamed from now on.
     fn recover(&mut self, e: &Error) {
-        crate::relay::recover(self.stores.iter_mut().map(WalStore::table), e);
+        crate::source::recovery::recover(self.stores.iter_mut().map(WalStore::table), e);
     }
 }

@@ -15,11 +15,11 @@ use tokio_postgres::config::Host;
 use uuid::Uuid;
 
 use super::pgoutput::{self, Message, Relation, Value};
+use crate::db::tls::{Mode, RootCert, TlsSettings};
 use crate::error::{Error, Result};
 use crate::event::AggregateKey;
 use crate::source::wal::control::ServerAddr;
 use crate::source::wal::pipeline::Candidate;
-use crate::tls::{Mode, RootCert, TlsSettings};
 
 pub(crate) use crate::source::wal::pipeline::Change;
 
@@ -186,7 +186,7 @@ async fn pump(
             // After the worker ended (its outcome possibly lost to a receive cut short just as
             // it ended): the connection ended, and a new one heals it.
             Err(e @ PgWireError::Internal(_)) if !client.is_running() => Err(Error::replication(
-                crate::db::redact(&format!("replication connection ended: {e}")),
+                crate::redact::redact(&format!("replication connection ended: {e}")),
                 true,
             )),
             Err(e) => Err(replication_error(e)),
@@ -507,7 +507,7 @@ fn replication_error(e: PgWireError) -> Error {
         .any(|code| text.contains(code));
     let fatal = e.is_auth() || e.is_tls() || refused;
     Error::replication(
-        crate::db::redact(&format!("replication connection: {e}")),
+        crate::redact::redact(&format!("replication connection: {e}")),
         retryable && !fatal,
     )
 }

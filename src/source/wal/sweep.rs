@@ -10,7 +10,7 @@ use backoff::backoff::Backoff;
 use super::pipeline::Pipeline;
 use super::WalSource;
 use crate::event::AggregateKey;
-use crate::relay::batch::run_claim_with;
+use crate::source::batch::run_claim_with;
 
 /// Aggregates held by the table looked at per sweep.
 const SWEEP_AGGREGATES: usize = 100;

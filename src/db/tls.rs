@@ -17,7 +17,7 @@ use rustls::{
 };
 use tokio_postgres::config::SslMode;
 
-use crate::db::conninfo::ConnInfo;
+use super::conninfo::ConnInfo;
 use crate::error::{Error, Result};
 
 /// The TLS part of a database URL (with libpq's environment variables applied).

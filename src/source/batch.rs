@@ -9,8 +9,9 @@ use crate::error::{Error, Result};
 use crate::event::AggregateKey;
 use crate::event::OutboxEvent;
 use crate::metrics::Metrics;
+use crate::policy::Outcome;
 use crate::policy::{is_broker_outage, FailureKind, RetryPolicy, Verdict};
-use crate::publisher::{Outcome, Publisher};
+use crate::publisher::Publisher;
 use crate::source::table::store::{BeforeCommit, Claim, Failure, Store};
 
 /// What one batch (or two in flight together) did.
@@ -393,7 +394,7 @@ fn first_failure(outcomes: &[Vec<Outcome>]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::publisher::Failure as PublishFailure;
+    use crate::policy::Failure as PublishFailure;
 
     fn event(aggregate: &str, attempts: i32) -> OutboxEvent {
         OutboxEvent {
