@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::DbClock;
-use crate::config::{PostgresConfig, RetentionConfig};
+use crate::config::{MetricsConfig, PostgresConfig, RetentionConfig};
 use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::ops::{self, Progress, Retained};
@@ -18,7 +18,7 @@ use crate::ops::{self, Progress, Retained};
 /// is measured too.
 pub(crate) async fn stats(
     postgres: PostgresConfig,
-    interval: Duration,
+    metrics_config: MetricsConfig,
     slot: Option<String>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
@@ -27,7 +27,7 @@ pub(crate) async fn stats(
 ) {
     let mut client = None;
     let mut future_dated = FirstSeen::default();
-    let mut tick = tokio::time::interval(interval);
+    let mut tick = tokio::time::interval(metrics_config.stats_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {

@@ -227,7 +227,7 @@ impl Relay {
         }
         handles.push(tokio::spawn(crate::background::stats(
             postgres.clone(),
-            config.metrics.stats_interval,
+            config.metrics.clone(),
             wal.then(|| self.settings.slot.clone()),
             self.metrics.clone(),
             self.health.clone(),
@@ -248,7 +248,7 @@ impl Relay {
             let mut relay = crate::source::wal::WalSource {
                 batch: &config.batch,
                 retry: &config.retry,
-                fallback_interval: config.source.fallback_interval,
+                source: &config.source,
                 url: &self.settings.listen_url,
                 publisher,
                 metrics: &self.metrics,
@@ -264,8 +264,7 @@ impl Relay {
             relay.run(shutdown).await
         } else {
             let mut processor = Processor::new(
-                (&config.batch, &config.retry),
-                config.source.fallback_interval,
+                (&config.batch, &config.retry, &config.source),
                 publisher,
                 &self.signals,
                 &self.metrics,

@@ -8,7 +8,7 @@ use backoff::SystemClock;
 use tokio::time::sleep_until;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{BatchConfig, Ordering, RetryConfig};
+use crate::config::{BatchConfig, Ordering, RetryConfig, SourceConfig};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::policy::{trouble_backoff, LINGER};
@@ -21,8 +21,8 @@ use crate::source::table::store::Store;
 pub(crate) struct Processor<'a> {
     pub batch: &'a BatchConfig,
     pub retry: &'a RetryConfig,
-    /// Poll this often even without notifications.
-    pub fallback_interval: Duration,
+    /// Wake-ups: poll every `fallback_interval` even without notifications.
+    pub source: &'a SourceConfig,
     pub publisher: Publisher,
     pub signals: &'a Signals,
     pub metrics: &'a Metrics,
@@ -50,8 +50,7 @@ enum Next {
 
 impl<'a> Processor<'a> {
     pub fn new(
-        (batch, retry): (&'a BatchConfig, &'a RetryConfig),
-        fallback_interval: Duration,
+        (batch, retry, source): (&'a BatchConfig, &'a RetryConfig, &'a SourceConfig),
         publisher: Publisher,
         signals: &'a Signals,
         metrics: &'a Metrics,
@@ -60,7 +59,7 @@ impl<'a> Processor<'a> {
         Processor {
             batch,
             retry,
-            fallback_interval,
+            source,
             publisher,
             signals,
             metrics,
@@ -187,7 +186,7 @@ impl<'a> Processor<'a> {
 
     /// Waits for a notification, the fallback ticker or a row's retry time; `None` on shutdown.
     async fn wait(&mut self, shutdown: &CancellationToken) -> Option<Wake> {
-        let fallback = Instant::now() + self.fallback_interval;
+        let fallback = Instant::now() + self.source.fallback_interval;
         let at = self.next_retry.map_or(fallback, |r| r.min(fallback));
         let wake = tokio::select! {
             _ = shutdown.cancelled() => return None,

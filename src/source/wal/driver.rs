@@ -141,7 +141,8 @@ impl WalSource<'_> {
                         aggregates = handed.len(),
                         "aggregates handed to the table (a failed or held event)"
                     );
-                    let at = Instant::now() + report.next_retry.unwrap_or(self.fallback_interval);
+                    let at =
+                        Instant::now() + report.next_retry.unwrap_or(self.source.fallback_interval);
                     sweep_at = Some(sweep_at.map_or(at, |s| s.min(at)));
                 }
                 if report.published > 0 {

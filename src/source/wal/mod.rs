@@ -31,7 +31,7 @@ use std::time::Duration;
 use backoff::exponential::ExponentialBackoff;
 use backoff::SystemClock;
 
-use crate::config::{BatchConfig, RetryConfig};
+use crate::config::{BatchConfig, RetryConfig, SourceConfig};
 use crate::error::Error;
 use crate::health::Health;
 use crate::metrics::Metrics;
@@ -60,8 +60,8 @@ impl From<Error> for Stop {
 pub(crate) struct WalSource<'a> {
     pub batch: &'a BatchConfig,
     pub retry: &'a RetryConfig,
-    /// The longest wait for a sweep of the aggregates handed to the table.
-    pub fallback_interval: Duration,
+    /// `fallback_interval`: the longest wait for a sweep of the aggregates handed to the table.
+    pub source: &'a SourceConfig,
     /// The control and replication connections' URL (direct, never pooled; the schema in the
     /// session).
     pub url: &'a str,

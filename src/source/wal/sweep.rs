@@ -86,11 +86,15 @@ impl WalSource<'_> {
                 } else if pipeline.held().is_empty() {
                     None
                 } else {
-                    let wait = [next_due, report.next_retry, Some(self.fallback_interval)]
-                        .into_iter()
-                        .flatten()
-                        .min()
-                        .unwrap_or(self.fallback_interval);
+                    let wait = [
+                        next_due,
+                        report.next_retry,
+                        Some(self.source.fallback_interval),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .min()
+                    .unwrap_or(self.source.fallback_interval);
                     Some(now + wait)
                 }
             }
