@@ -12,7 +12,7 @@ use tokio_postgres::GenericClient;
 
 use crate::error::Result;
 
-const CLOCK: &str = include_str!("../sql/queries/clock.sql");
+const CLOCK: &str = include_str!("../sql/queries/clock/clock.sql");
 
 /// The database's clock as read from this process: how far it is ahead of (or behind) this
 /// machine's wall clock, measured over a connection and refreshed by the relay's stats task.

@@ -9,7 +9,7 @@ use crate::header::{
     CE_ID, CE_SUBJECT, CE_TYPE, HEADER_AGGREGATE_ID, HEADER_EVENT_ID, HEADER_EVENT_TYPE,
 };
 
-const PROCESS_ONCE: &str = include_str!("../sql/queries/process_once.sql");
+const PROCESS_ONCE: &str = include_str!("../sql/queries/consumer/process_once.sql");
 
 /// Records `event_id` in `processed_events` within the caller's transaction and returns `true` on
 /// the first delivery, `false` on a repeat. Handle the event only when it returns `true`, in the

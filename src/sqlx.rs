@@ -28,7 +28,7 @@ use crate::error::{is_transient_sqlstate, Error, Result};
 use crate::event::NewEvent;
 use crate::writer::Columns;
 
-const ENQUEUE: &str = include_str!("../sql/queries/enqueue.sql");
+const ENQUEUE: &str = include_str!("../sql/queries/writer/enqueue.sql");
 
 /// Writes one event. Pass the application's transaction (`&mut *tx`): the event then commits or
 /// rolls back with the business data. A `&mut PgConnection` or a `&PgPool` works too, but then the

@@ -7,7 +7,7 @@ use uuid::Uuid;
 use crate::error::Result;
 use crate::event::NewEvent;
 
-const ENQUEUE: &str = include_str!("../sql/queries/enqueue.sql");
+const ENQUEUE: &str = include_str!("../sql/queries/writer/enqueue.sql");
 
 /// Writes one event. Pass the application's `Transaction`: the event then commits or rolls back
 /// with the business data. Returns the event id (also its `Nats-Msg-Id`).

@@ -16,11 +16,11 @@ use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::source::table::signals::{ArmStep, Arming, Signals, Wake};
 
-const LISTEN: &str = include_str!("../../../sql/queries/listen.sql");
-const ARM: &str = include_str!("../../../sql/queries/arm.sql");
-const DISARM: &str = include_str!("../../../sql/queries/disarm.sql");
-const ARMED_BY_OTHER: &str = include_str!("../../../sql/queries/armed_by_other.sql");
-const PING: &str = include_str!("../../../sql/queries/ping.sql");
+const LISTEN: &str = include_str!("../../../sql/queries/table/listen.sql");
+const ARM: &str = include_str!("../../../sql/queries/table/arm.sql");
+const DISARM: &str = include_str!("../../../sql/queries/table/disarm.sql");
+const ARMED_BY_OTHER: &str = include_str!("../../../sql/queries/table/armed_by_other.sql");
+const PING: &str = include_str!("../../../sql/queries/table/ping.sql");
 
 /// How long arming may wait for writers that skipped their notification to commit. Past it the
 /// processor polls and arming is tried again, so a long writer transaction costs latency of about

@@ -10,19 +10,19 @@ use super::publication::{self, Publication};
 use crate::error::{Error, Result};
 use crate::event::AggregateKey;
 
-const DEFERRED: &str = include_str!("../../../sql/queries/deferred.sql");
-const WAL_LEAD: &str = include_str!("../../../sql/queries/wal_lead.sql");
-const WAL_STATE: &str = include_str!("../../../sql/queries/wal_state.sql");
-const CREATE_SLOT: &str = include_str!("../../../sql/queries/create_slot.sql");
-const DROP_SLOT: &str = include_str!("../../../sql/queries/drop_slot.sql");
+const DEFERRED: &str = include_str!("../../../sql/queries/wal/deferred.sql");
+const WAL_LEAD: &str = include_str!("../../../sql/queries/wal/wal_lead.sql");
+const WAL_STATE: &str = include_str!("../../../sql/queries/wal/wal_state.sql");
+const CREATE_SLOT: &str = include_str!("../../../sql/queries/wal/create_slot.sql");
+const DROP_SLOT: &str = include_str!("../../../sql/queries/wal/drop_slot.sql");
 const CATCH_UP_AGAIN: &str = include_str!("../../../sql/queries/wal_catch_up_again.sql");
-const LISTEN: &str = include_str!("../../../sql/queries/wal_listen.sql");
-const SLOT_CREATED: &str = include_str!("../../../sql/queries/slot_created.sql");
-const SLOT_CAUGHT_UP: &str = include_str!("../../../sql/queries/slot_caught_up.sql");
-const SLOT_LAG: &str = include_str!("../../../sql/queries/slot_lag.sql");
-const BACKEND_PID: &str = include_str!("../../../sql/queries/backend_pid.sql");
-const WAITS_FOR: &str = include_str!("../../../sql/queries/wal_waits_for.sql");
-const CANCEL_BACKEND: &str = include_str!("../../../sql/queries/cancel_backend.sql");
+const LISTEN: &str = include_str!("../../../sql/queries/wal/wal_listen.sql");
+const SLOT_CREATED: &str = include_str!("../../../sql/queries/wal/slot_created.sql");
+const SLOT_CAUGHT_UP: &str = include_str!("../../../sql/queries/wal/slot_caught_up.sql");
+const SLOT_LAG: &str = include_str!("../../../sql/queries/wal/slot_lag.sql");
+const BACKEND_PID: &str = include_str!("../../../sql/queries/wal/backend_pid.sql");
+const WAITS_FOR: &str = include_str!("../../../sql/queries/wal/wal_waits_for.sql");
+const CANCEL_BACKEND: &str = include_str!("../../../sql/queries/wal/cancel_backend.sql");
 
 /// The relay's control connection of `--source wal`: leadership, the slot, the deferred
 /// aggregates. A session of its own (never through a transaction pooler): its advisory lock is the

@@ -7,7 +7,7 @@ use tokio_postgres::GenericClient;
 
 use crate::error::{Error, Result};
 
-const PUBLICATION_STATE: &str = include_str!("../../../sql/queries/publication_state.sql");
+const PUBLICATION_STATE: &str = include_str!("../../../sql/queries/wal/publication_state.sql");
 
 /// What PostgreSQL says about this outbox's publication (`publication_state.sql`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -18,14 +18,14 @@ use crate::source::table::store::{
     read_claim, BeforeCommit, Claim, ClaimedRow, OpenClaim, Stmt, Store,
 };
 
-const CLAIM_IDS: &str = include_str!("../../../sql/queries/claim_ids.sql");
-const LOCK_IDS: &str = include_str!("../../../sql/queries/lock_ids.sql");
-const DELETE_PUBLISHED: &str = include_str!("../../../sql/queries/delete_published.sql");
-const DELETE_PUBLISHED_IDS: &str = include_str!("../../../sql/queries/delete_published_ids.sql");
-const ROW_STATES: &str = include_str!("../../../sql/queries/row_states.sql");
-const PENDING_OF: &str = include_str!("../../../sql/queries/pending_of.sql");
-const DEFER: &str = include_str!("../../../sql/queries/defer.sql");
-const UNDEFER: &str = include_str!("../../../sql/queries/undefer.sql");
+const CLAIM_IDS: &str = include_str!("../../../sql/queries/wal/claim_ids.sql");
+const LOCK_IDS: &str = include_str!("../../../sql/queries/wal/lock_ids.sql");
+const DELETE_PUBLISHED: &str = include_str!("../../../sql/queries/wal/delete_published.sql");
+const DELETE_PUBLISHED_IDS: &str = include_str!("../../../sql/queries/wal/delete_published_ids.sql");
+const ROW_STATES: &str = include_str!("../../../sql/queries/wal/row_states.sql");
+const PENDING_OF: &str = include_str!("../../../sql/queries/wal/pending_of.sql");
+const DEFER: &str = include_str!("../../../sql/queries/wal/defer.sql");
+const UNDEFER: &str = include_str!("../../../sql/queries/wal/undefer.sql");
 
 const UUIDS: &[Type] = &[Type::UUID_ARRAY];
 const TIDS_UUIDS: &[Type] = &[Type::TEXT_ARRAY, Type::UUID_ARRAY];
