@@ -13,10 +13,12 @@
 //!   `event_type` read a message's headers in either format (`Outbox-*` or CloudEvents).
 //! - [`migrate`]: the versioned schema in `sql/migrations`, also as scripts for other migration
 //!   tools; `sqlx::migrator` (feature `sqlx`): the same as a sqlx `Migrator`.
-//! - [`config`]: `RelayConfig` with defaults and `validate()`.
+//! - [`config`]: `RelayConfig` with defaults and `validate()`; [`Schema`]: the outbox's schema
+//!   name, checked once, and every form it is applied in.
 //! - [`Relay`]: runs the relay in the application's runtime; [`HealthReport`] and [`metrics`] for
 //!   its health checks and `/metrics`.
-//! - [`ops`]: status, dead letters, cleanup (the operator CLI and the relay's periodic tasks).
+//! - [`ops`]: [`ops::Outbox`], the operations handle: migrate, grants, the publication, status,
+//!   dead letters, cleanup (the operator CLI and the relay's periodic tasks).
 //! - [`error`]: the opaque [`Error`] with [`ErrorKind`] and predicates; [`connect`] and [`redact`]
 //!   (connections as the relay makes them; connection strings with passwords hidden).
 //!
@@ -65,6 +67,7 @@ mod otel;
 mod policy;
 mod publisher;
 mod relay;
+pub mod schema;
 mod source;
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
@@ -82,5 +85,6 @@ pub use error::{Error, ErrorKind, Result};
 pub use event::{NewEvent, OutboxEvent};
 pub use health::HealthReport;
 pub use relay::Relay;
+pub use schema::Schema;
 pub use timestamp::Timestamp;
 pub use writer::{enqueue, enqueue_many};

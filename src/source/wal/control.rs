@@ -96,7 +96,7 @@ pub(crate) struct SlotInfo {
 }
 
 impl Control {
-    /// `url` carries the outbox's schema in its session (see `db::with_schema`).
+    /// `url` carries the outbox's schema in its session (see `Schema::session_url`).
     pub async fn connect(url: &str) -> Result<Control> {
         let (client, mut connection) =
             crate::db::connect_raw(url, "listen_database_url", "outbox-relay-wal").await?;
