@@ -81,7 +81,9 @@ async fn main() -> ExitCode {
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let mut db = outbox_relay::connect(&args.database_url, "outbox-example-consumer").await?;
-    outbox_relay::migrate::check_schema(&db).await?;
+    outbox_relay::ops::Outbox::new(&mut db, None)
+        .check()
+        .await?;
     db.batch_execute(
         "CREATE TABLE IF NOT EXISTS example_handled (
              event_id     uuid        PRIMARY KEY,

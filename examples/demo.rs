@@ -87,7 +87,9 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error + Send + Sync
     nats.flush().await?;
 
     let mut db = outbox_relay::connect(&args.database_url, "outbox-relay-demo").await?;
-    outbox_relay::migrate::check_schema(&db).await?;
+    outbox_relay::ops::Outbox::new(&mut db, None)
+        .check()
+        .await?;
     db.batch_execute(
         "CREATE TABLE IF NOT EXISTS demo_orders (
              id           bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

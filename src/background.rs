@@ -7,17 +7,25 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::DbClock;
-use crate::config::{MetricsConfig, PostgresConfig, RetentionConfig};
+use crate::config::{DatabaseUrl, MetricsConfig, RetentionConfig};
 use crate::health::Health;
 use crate::metrics::Metrics;
-use crate::ops::{self, Progress, Retained};
+use crate::ops::{self, Outbox, Progress, Retained};
+use crate::schema::Schema;
+
+/// Where the side tasks find the outbox: the worker connections' URL and the validated schema.
+#[derive(Clone)]
+pub(crate) struct Database {
+    pub url: DatabaseUrl,
+    pub schema: Option<Schema>,
+}
 
 /// Refreshes the pending / oldest-age / dead-letter gauges every `interval` (not per batch: the
 /// count is a scan of the pending index), records whether the database answers, and measures the
 /// database's clock again (it may drift from this machine's). `slot`: the wal source's, whose lag
 /// is measured too.
 pub(crate) async fn stats(
-    postgres: PostgresConfig,
+    database: Database,
     metrics_config: MetricsConfig,
     slot: Option<String>,
     metrics: Arc<Metrics>,
@@ -38,7 +46,7 @@ pub(crate) async fn stats(
             .as_ref()
             .is_none_or(|c: &tokio_postgres::Client| c.is_closed())
         {
-            client = crate::db::connect(postgres.url.expose(), "outbox-relay-stats")
+            client = crate::db::connect(database.url.expose(), "outbox-relay-stats")
                 .await
                 .ok();
         }
@@ -46,8 +54,8 @@ pub(crate) async fn stats(
             health.set_database(false);
             continue;
         };
-        let status = crate::ops::status_in(c, postgres.schema.as_deref());
-        match tokio::time::timeout(Duration::from_secs(5), status).await {
+        let mut outbox = Outbox::new(c, database.schema.clone());
+        match tokio::time::timeout(Duration::from_secs(5), outbox.status()).await {
             Ok(Ok(s)) => {
                 health.set_database(true);
                 metrics.pending.set(s.pending);
@@ -125,7 +133,7 @@ const RETENTION_BATCH: i64 = 1000;
 /// older than `retention.processed_events`, in small batches: every tenth of the shorter retention, between
 /// once a second and once a minute.
 pub(crate) async fn retention(
-    postgres: PostgresConfig,
+    database: Database,
     retention: RetentionConfig,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
@@ -138,7 +146,6 @@ pub(crate) async fn retention(
         return;
     };
     let period = (shortest / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
-    let schema = postgres.schema.as_deref();
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut client: Option<tokio_postgres::Client> = None;
@@ -152,7 +159,7 @@ pub(crate) async fn retention(
             .as_ref()
             .is_none_or(tokio_postgres::Client::is_closed)
         {
-            client = match crate::db::connect(postgres.url.expose(), "outbox-relay-cleanup").await {
+            client = match crate::db::connect(database.url.expose(), "outbox-relay-cleanup").await {
                 Ok(c) => Some(c),
                 Err(e) => {
                     tracing::warn!(error = %e, "retention cleanup failed");
@@ -163,6 +170,7 @@ pub(crate) async fn retention(
         let Some(client) = client.as_mut() else {
             continue;
         };
+        let mut outbox = Outbox::new(client, database.schema.clone());
         let rounds = [
             (Retained::OutboxEvents, retention.processed),
             (Retained::ProcessedEvents, retention.processed_events),
@@ -172,15 +180,9 @@ pub(crate) async fn retention(
                 continue;
             };
             let mut count = counter(&metrics, table.table());
-            let deleted = ops::cleanup_table_in(
-                client,
-                schema,
-                table,
-                older_than,
-                RETENTION_BATCH,
-                &mut count,
-            )
-            .await;
+            let deleted = outbox
+                .cleanup_table(table, older_than, RETENTION_BATCH, &mut count)
+                .await;
             log(table.table(), deleted);
         }
     }

@@ -14,9 +14,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::schema::Schema;
 use crate::subject::SubjectTemplate;
-
-pub use crate::db::{validate_schema, with_schema};
 
 /// Whether the relay keeps the events of one aggregate in `seq` order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -163,7 +162,7 @@ pub struct PostgresConfig {
     /// PostgreSQL when `url` goes through PgBouncer in transaction mode). Defaults to `url`.
     pub listen_url: Option<DatabaseUrl>,
     /// Schema holding the outbox objects (`None`: the connection's search_path, normally
-    /// `public`).
+    /// `public`); `validate` checks it as a [`Schema`].
     pub schema: Option<String>,
     /// Prepare the relay's statements once per connection (fastest). Turn off behind a
     /// transaction pooler that does not keep prepared statements between transactions (PgBouncer
@@ -200,9 +199,7 @@ impl PostgresConfig {
         if let Some(url) = &self.listen_url {
             crate::db::parse_config(url.expose(), "listen_database_url")?;
         }
-        if let Some(schema) = &self.schema {
-            crate::db::validate_schema(schema)?;
-        }
+        Schema::optional(self.schema.as_deref())?;
         Ok(())
     }
 
@@ -210,10 +207,10 @@ impl PostgresConfig {
     /// schema in its session. That connection is never pooled (LISTEN needs a session of its own);
     /// the worker connections apply the schema per transaction instead, so that they work through
     /// a transaction pooler, which refuses the `options` startup parameter.
-    fn session_url(&self) -> Result<String> {
+    fn session_url(&self, schema: Option<&Schema>) -> Result<String> {
         let listen = self.listen_url.as_ref().unwrap_or(&self.url).expose();
-        match &self.schema {
-            Some(schema) => crate::db::with_schema_for(listen, schema, "listen_database_url"),
+        match schema {
+            Some(schema) => schema.session_url_for(listen, "listen_database_url"),
             None => Ok(listen.to_string()),
         }
     }
@@ -594,16 +591,13 @@ impl WalConfig {
         }
     }
 
-    /// The slot to stream from: `slot_name`, else one named after the outbox's `schema`.
-    pub fn slot(&self, schema: Option<&str>) -> String {
+    /// The slot to stream from: `slot_name`, else one named after the outbox's `schema`
+    /// ([`Schema::slot_name`]; [`DEFAULT_SLOT`] without one).
+    pub fn slot(&self, schema: Option<&Schema>) -> String {
         match (&self.slot_name, schema) {
             (Some(slot), _) => slot.clone(),
-            (None, None) | (None, Some("public")) => DEFAULT_SLOT.to_string(),
-            (None, Some(schema)) => {
-                let mut name = format!("{DEFAULT_SLOT}_{schema}");
-                name.truncate(63);
-                name
-            }
+            (None, Some(schema)) => schema.slot_name(),
+            (None, None) => DEFAULT_SLOT.to_string(),
         }
     }
 }
@@ -706,8 +700,7 @@ pub const DEFAULT_CE_SOURCE: &str = "/outbox-relay";
 /// which any Prometheus holds with ease.
 pub const DEFAULT_METRICS_EVENT_TYPES_MAX: usize = 100;
 
-/// Default replication slot of `Source::Wal` (with a schema: `outbox_relay_<schema>`).
-pub const DEFAULT_SLOT: &str = "outbox_relay";
+pub use crate::schema::DEFAULT_SLOT;
 
 /// A replication slot name as PostgreSQL takes it: 1 to 63 lowercase letters, digits and
 /// underscores.
@@ -785,16 +778,20 @@ impl RelayConfig {
     /// left as it was given).
     pub(crate) fn resolve(self) -> Result<Settings> {
         self.validate()?;
+        let schema = Schema::optional(self.postgres.schema.as_deref())?;
         Ok(Settings {
-            listen_url: self.postgres.session_url()?,
-            slot: self.wal.slot(self.postgres.schema.as_deref()),
+            listen_url: self.postgres.session_url(schema.as_ref())?,
+            slot: self.wal.slot(schema.as_ref()),
+            schema,
             config: self,
         })
     }
 
-    /// The replication slot `Source::Wal` streams from (see [`WalConfig::slot`]).
-    pub fn slot(&self) -> String {
-        self.wal.slot(self.postgres.schema.as_deref())
+    /// The replication slot `Source::Wal` streams from (see [`WalConfig::slot`]). Fails as
+    /// [`PostgresConfig::validate`] does when the schema is not a plain lowercase identifier.
+    pub fn slot(&self) -> Result<String> {
+        let schema = Schema::optional(self.postgres.schema.as_deref())?;
+        Ok(self.wal.slot(schema.as_ref()))
     }
 
     /// Longest gap between two publishes of one row: JetStream deduplicates only inside the
@@ -807,6 +804,8 @@ impl RelayConfig {
 /// A validated [`RelayConfig`] and what the relay derives from it.
 pub(crate) struct Settings {
     pub config: RelayConfig,
+    /// `config.postgres.schema`, validated.
+    pub schema: Option<Schema>,
     /// The LISTEN connection's URL: `listen_url` or `url`, with the schema.
     pub listen_url: String,
     /// The wal source's slot.

@@ -83,50 +83,6 @@ fn prepare(config: &mut Config, application_name: &str) {
     config.keepalives_retries(3);
 }
 
-/// Checks a `--schema` name: plain lowercase identifiers only, so it can go into `search_path`
-/// and connection options without quoting.
-pub fn validate_schema(schema: &str) -> Result<()> {
-    let mut chars = schema.chars();
-    let ok = matches!(chars.next(), Some(c) if c.is_ascii_lowercase() || c == '_')
-        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-        && schema.len() <= 63;
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::config(
-            "schema",
-            format!("{schema:?} is not a plain lowercase identifier (a-z, 0-9, _)"),
-        ))
-    }
-}
-
-/// `SET LOCAL search_path` to `schema` (a name [`validate_schema`] accepted): how every pooled
-/// connection applies `--schema`, one transaction at a time.
-pub(crate) fn set_local_search_path(schema: &str) -> String {
-    format!("SET LOCAL search_path TO \"{schema}\"")
-}
-
-/// The URL with `search_path` set to `schema`, so that every statement of every connection made
-/// from it finds the outbox objects there. The result is a key=value string holding every parameter
-/// of `url`.
-pub fn with_schema(url: &str, schema: &str) -> Result<String> {
-    with_schema_for(url, schema, "database_url")
-}
-
-/// [`with_schema`], with errors about the URL itself naming `field`.
-pub(crate) fn with_schema_for(url: &str, schema: &str, field: &'static str) -> Result<String> {
-    validate_schema(schema)?;
-    let mut info = ConnInfo::parse(url, field)?;
-    if info.get("options").is_some() {
-        return Err(Error::config(
-            "schema",
-            "the database URL already sets `options`; put search_path there instead of --schema",
-        ));
-    }
-    info.set("options", format!("-c search_path={schema}"));
-    Ok(info.to_conninfo())
-}
-
 /// A database URL as logs and `Debug` show it: its parsed parameters as `key=value`, with
 /// `password` (and `sslpassword`) replaced by `***`. A string that does not parse is not shown at
 /// all.
@@ -140,7 +96,6 @@ pub fn redacted_url(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::field_of;
 
     #[test]
     fn redacted_urls_come_from_the_parsed_parameters() {
@@ -161,33 +116,5 @@ mod tests {
         ] {
             assert_eq!(redacted_url(url), shown, "{url}");
         }
-    }
-
-    #[test]
-    fn with_schema_adds_options_to_any_form() {
-        let url = with_schema("postgres://u:p@h/db?sslmode=require", "app").expect("url");
-        assert_eq!(
-            url,
-            "user='u' password='p' host='h' dbname='db' sslmode='require' options='-c search_path=app'"
-        );
-        let url = with_schema(r"host=h password = 'a \'b'", "app").expect("url");
-        assert_eq!(
-            url,
-            r"host='h' password='a \'b' options='-c search_path=app'"
-        );
-        for taken in [
-            "host=h options = '-c x=y'",
-            "postgres://h/db?options=-c%20x%3Dy",
-        ] {
-            assert_eq!(field_of(with_schema(taken, "app")), Some("schema"));
-        }
-        assert_eq!(
-            field_of(with_schema_for(
-                "host=h 's3cret",
-                "app",
-                "listen_database_url"
-            )),
-            Some("listen_database_url")
-        );
     }
 }

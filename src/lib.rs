@@ -16,9 +16,11 @@
 //!   tools; `sqlx::migrator` (feature `sqlx`): the same as a sqlx `Migrator`.
 //! - [`config`]: `RelayConfig`, one section per part (`postgres`, `nats`, `publish`, `batch`,
 //!   `retry`, `source`, `wal`, `retention`, `metrics`), each with defaults and `validate()`.
+//! - [`Schema`]: the outbox's schema name, checked once, and every form it is applied in.
 //! - [`Relay`]: runs the relay in the application's runtime; [`HealthReport`] and [`metrics`] for
 //!   its health checks and `/metrics`.
-//! - [`ops`]: status, dead letters, cleanup (the operator CLI and the relay's periodic tasks).
+//! - [`ops`]: [`ops::Outbox`], the operations handle: migrate, grants, the publication, status,
+//!   dead letters, cleanup (the operator CLI and the relay's periodic tasks).
 //! - [`error`]: the opaque [`Error`] with [`ErrorKind`] and predicates; [`connect`] and [`redact`]
 //!   (connections as the relay makes them; connection strings with passwords hidden).
 //!
@@ -73,6 +75,7 @@ mod policy;
 mod publisher;
 mod redact;
 mod relay;
+pub mod schema;
 mod source;
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
@@ -90,5 +93,6 @@ pub use event::{NewEvent, OutboxEvent};
 pub use health::HealthReport;
 pub use redact::redact;
 pub use relay::Relay;
+pub use schema::Schema;
 pub use timestamp::Timestamp;
 pub use writer::{enqueue, enqueue_many};

@@ -7,8 +7,9 @@ mod telemetry;
 
 use std::process::ExitCode;
 
-use outbox_relay::config::validate_schema;
-use outbox_relay::{migrate, ops, Error, Relay};
+use outbox_relay::migrate::{self, Grantee};
+use outbox_relay::ops::{self, Outbox};
+use outbox_relay::{Error, Relay, Schema};
 use tokio_util::sync::CancellationToken;
 
 use cli::{Cli, Command, DeadLettersCommand, LogFormat, RunArgs};
@@ -175,11 +176,8 @@ fn raw_database_url(cli: &Cli) -> Result<String, Error> {
 /// `--schema`, checked. The one-shot commands apply it per transaction (`SET LOCAL search_path`),
 /// not through the URL, so that they work through a transaction pooler that refuses `options`;
 /// the relay applies it itself from its config.
-fn schema(cli: &Cli) -> Result<Option<&str>, Error> {
-    if let Some(schema) = &cli.schema {
-        validate_schema(schema)?;
-    }
-    Ok(cli.schema.as_deref())
+fn schema(cli: &Cli) -> Result<Option<Schema>, Error> {
+    Schema::optional(cli.schema.as_deref())
 }
 
 async fn execute(cli: Cli) -> Result<(), Error> {
@@ -190,13 +188,11 @@ async fn execute(cli: Cli) -> Result<(), Error> {
             format,
             ..
         } => {
-            if let Some(schema) = &cli.schema {
-                validate_schema(schema)?;
-            }
+            let schema = schema(&cli)?;
             print!(
                 "{}",
                 migrate::script_as(
-                    cli.schema.as_deref(),
+                    schema.as_ref(),
                     from.unwrap_or(1),
                     format.map(Into::into).unwrap_or_default()
                 )
@@ -205,7 +201,7 @@ async fn execute(cli: Cli) -> Result<(), Error> {
         }
         Command::Migrate { check, status, .. } if *check || *status => {
             let (mut client, schema) = connect(&cli).await?;
-            let applied = migrate::applied_in(&mut client, schema).await?;
+            let applied = Outbox::new(&mut client, schema).applied().await?;
             let pending = migrate::pending(&applied);
             if *status {
                 for m in migrate::MIGRATIONS {
@@ -240,9 +236,10 @@ async fn execute(cli: Cli) -> Result<(), Error> {
             let url = raw_database_url(&cli)?;
             let schema = schema(&cli)?;
             let mut client = outbox_relay::connect(&url, "outbox-relay-migrate").await?;
-            let applied = migrate::migrate_in(&mut client, schema).await?;
+            let mut outbox = Outbox::new(&mut client, schema);
+            let applied = outbox.migrate().await?;
             if *wal {
-                let setup = migrate::ensure_publication_in(&mut client, schema).await?;
+                let setup = outbox.ensure_publication().await?;
                 let name = &setup.name;
                 match &setup.repaired {
                     Some(problem) => println!(
@@ -253,11 +250,11 @@ async fn execute(cli: Cli) -> Result<(), Error> {
                 }
             }
             for role in grant_writer {
-                migrate::grant_in(&mut client, schema, role, migrate::Grantee::Writer).await?;
+                outbox.grant(role, Grantee::Writer).await?;
                 println!("granted writer privileges to {role}");
             }
             for role in grant_relay {
-                migrate::grant_in(&mut client, schema, role, migrate::Grantee::Relay).await?;
+                outbox.grant(role, Grantee::Relay).await?;
                 println!("granted relay privileges to {role}");
             }
             if applied.is_empty() {
@@ -284,29 +281,15 @@ async fn execute(cli: Cli) -> Result<(), Error> {
         Command::Status { json, limit } => {
             let (mut client, schema) = connect(&cli).await?;
             // One transaction (one schema check) for the counts and the list.
-            let tx = ops::checked_transaction_in(&mut client, schema).await?;
-            let s = ops::status(&tx).await?;
-            let blocked = ops::blocked_aggregates(&tx, *limit).await?;
-            let slots = ops::wal_slots(&tx).await?;
-            tx.commit().await?;
+            let overview = Outbox::new(&mut client, schema).overview(*limit).await?;
             if *json {
-                #[derive(serde::Serialize)]
-                struct Report<'a> {
-                    #[serde(flatten)]
-                    status: &'a ops::Status,
-                    blocked: &'a [ops::BlockedAggregate],
-                    wal_slots: &'a [ops::WalSlot],
-                }
-                let report = Report {
-                    status: &s,
-                    blocked: &blocked,
-                    wal_slots: &slots,
-                };
                 println!(
                     "{}",
-                    serde_json::to_string_pretty(&report).unwrap_or_default()
+                    serde_json::to_string_pretty(&overview).unwrap_or_default()
                 );
             } else {
+                let (s, blocked, slots) =
+                    (&overview.status, &overview.blocked, &overview.wal_slots);
                 println!("pending:             {}", s.pending);
                 println!("oldest pending age:  {:.1}s", s.oldest_pending_age_seconds);
                 if s.future_dated == 0 {
@@ -321,7 +304,7 @@ async fn execute(cli: Cli) -> Result<(), Error> {
                 println!("due for retry:       {}", s.due_for_retry);
                 println!("dead letters:        {}", s.dead_letters);
                 println!("blocked aggregates:  {}", s.blocked_aggregates);
-                for w in &slots {
+                for w in slots {
                     let state = match (w.present, w.active) {
                         (false, _) => "MISSING (the relay creates it again)",
                         (true, true) => "streaming",
@@ -337,7 +320,7 @@ async fn execute(cli: Cli) -> Result<(), Error> {
                         if w.caught_up { "" } else { ", catch-up from the table pending" }
                     );
                 }
-                for b in &blocked {
+                for b in blocked {
                     println!(
                         "  {}/{}  dead head {} ({}, since {}, {} waiting): {}",
                         b.aggregate_type,
@@ -360,7 +343,7 @@ async fn execute(cli: Cli) -> Result<(), Error> {
         }
         Command::DeadLetters(cmd) => {
             let (mut client, schema) = connect(&cli).await?;
-            dead_letters(&mut client, schema, cmd).await
+            dead_letters(&mut Outbox::new(&mut client, schema), cmd).await
         }
         Command::Cleanup {
             older_than,
@@ -369,6 +352,7 @@ async fn execute(cli: Cli) -> Result<(), Error> {
             dry_run,
         } => {
             let (mut client, schema) = connect(&cli).await?;
+            let mut outbox = Outbox::new(&mut client, schema);
             // (table, its cutoff flag, what the lines call its rows, the spinner's message)
             let tables = [
                 (ops::Retained::OutboxEvents, older_than, "rows", "deleting"),
@@ -384,19 +368,13 @@ async fn execute(cli: Cli) -> Result<(), Error> {
                     continue;
                 };
                 if *dry_run {
-                    let n = ops::cleanup_count_in(&mut client, schema, table, older_than).await?;
+                    let n = outbox.cleanup_count(table, older_than).await?;
                     println!("would delete {n} {what} (dry run)");
                 } else {
                     let mut reporter = progress::Reporter::start(doing);
-                    let result = ops::cleanup_table_in(
-                        &mut client,
-                        schema,
-                        table,
-                        older_than,
-                        *batch_size,
-                        |p| reporter.update(p),
-                    )
-                    .await;
+                    let result = outbox
+                        .cleanup_table(table, older_than, *batch_size, |p| reporter.update(p))
+                        .await;
                     summarize(reporter, result, what)?;
                 }
             }
@@ -427,8 +405,8 @@ fn summarize(
 }
 
 /// The connection of an operator command and its `--schema`. Each command checks the schema
-/// version in its own transaction (`ops::*_in`).
-async fn connect(cli: &Cli) -> Result<(tokio_postgres::Client, Option<&str>), Error> {
+/// version in its own transaction (`ops::Outbox`).
+async fn connect(cli: &Cli) -> Result<(tokio_postgres::Client, Option<Schema>), Error> {
     let url = raw_database_url(cli)?;
     let schema = schema(cli)?;
     Ok((
@@ -437,18 +415,14 @@ async fn connect(cli: &Cli) -> Result<(tokio_postgres::Client, Option<&str>), Er
     ))
 }
 
-async fn dead_letters(
-    client: &mut tokio_postgres::Client,
-    schema: Option<&str>,
-    cmd: &DeadLettersCommand,
-) -> Result<(), Error> {
+async fn dead_letters(outbox: &mut Outbox<'_>, cmd: &DeadLettersCommand) -> Result<(), Error> {
     match cmd {
         DeadLettersCommand::List {
             json,
             limit,
             event_type,
         } => {
-            let rows = ops::dead_letters_in(client, schema, *limit, event_type.as_deref()).await?;
+            let rows = outbox.dead_letters(*limit, event_type.as_deref()).await?;
             if *json {
                 println!(
                     "{}",
@@ -479,7 +453,7 @@ async fn dead_letters(
             ..
         } => {
             let which = if *all { None } else { Some(ids.as_slice()) };
-            let candidates = ops::retry_preview_in(client, schema, which).await?;
+            let candidates = outbox.retry_preview(which).await?;
             for c in &candidates {
                 println!(
                     "{}  {}/{}  {}",
@@ -497,9 +471,9 @@ async fn dead_letters(
             let mut reporter = progress::Reporter::start("retrying");
             // Also the default shown in --help.
             let batch_size = batch_size.unwrap_or(1000);
-            let result =
-                ops::retry_all_dead_letters_in(client, schema, batch_size, |p| reporter.update(p))
-                    .await;
+            let result = outbox
+                .retry_all_dead_letters(batch_size, |p| reporter.update(p))
+                .await;
             match result {
                 Ok(n) => {
                     let done = format!("{n} dead letters queued for retry");
@@ -517,13 +491,13 @@ async fn dead_letters(
         }
         DeadLettersCommand::Retry { ids, .. } => {
             let reporter = progress::Reporter::start("retrying");
-            let done = ops::retry_dead_letters_in(client, schema, Some(ids)).await?;
+            let done = outbox.retry_dead_letters(Some(ids)).await?;
             let done = format!("{} dead letters queued for retry", done.len());
             println!("{}", reporter.finish(&done));
             Ok(())
         }
         DeadLettersCommand::Discard { ids } => {
-            let done = ops::discard_dead_letters_in(client, schema, ids).await?;
+            let done = outbox.discard_dead_letters(ids).await?;
             println!("{} dead letters discarded", done.len());
             Ok(())
         }

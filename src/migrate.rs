@@ -1,16 +1,17 @@
-//! Versioned, idempotent schema migrations (`sql/migrations`), safe to run concurrently.
+//! Versioned, idempotent schema migrations (`sql/migrations`), safe to run concurrently, and the
+//! scripts of them for other migration tools.
 //!
-//! Statements with parameters go out as unnamed statements with their parameter types, so these
-//! work through a transaction pooler (PgBouncer in transaction mode). [`migrate_in`] and
-//! [`grant_in`] apply a schema with `SET LOCAL` inside their own transaction instead of relying
-//! on the connection's search_path (see [`crate::ops::transaction_in`]).
+//! Applying them, checking them and granting privileges are operations on a database:
+//! [`crate::ops::Outbox::migrate`], [`crate::ops::Outbox::applied`],
+//! [`crate::ops::Outbox::check`], [`crate::ops::Outbox::grant`]. Statements with parameters go
+//! out as unnamed statements with their parameter types, so these work through a transaction
+//! pooler (PgBouncer in transaction mode).
 
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, GenericClient};
+use tokio_postgres::GenericClient;
 
 use crate::error::{Error, Result};
-use crate::ops::transaction_in;
-use crate::source::wal::publication::Publication;
+use crate::schema::Schema;
 
 /// One schema version.
 #[derive(Debug, Clone, Copy)]
@@ -101,90 +102,21 @@ pub const REQUIRED_VERSION: i32 = 3;
 /// the table of deferred aggregates).
 pub const WAL_REQUIRED_VERSION: i32 = 5;
 
-const LOCK: &str = include_str!("../sql/queries/migrate_lock.sql");
-const PREPARE: &str = include_str!("../sql/queries/migrate_prepare.sql");
-const APPLIED: &str = include_str!("../sql/queries/migrate_applied.sql");
-const RECORD: &str = include_str!("../sql/queries/migrate_record.sql");
-const SCHEMA_VERSION: &str = include_str!("../sql/queries/schema_version.sql");
-const SCHEMA_EXISTS: &str = include_str!("../sql/queries/schema_exists.sql");
-const CREATE_SCHEMA: &str = include_str!("../sql/queries/create_schema.sql");
-const GRANT_WRITER: &str = include_str!("../sql/queries/grant_writer.sql");
-const GRANT_RELAY: &str = include_str!("../sql/queries/grant_relay.sql");
-const CATCH_UP_AGAIN: &str = include_str!("../sql/queries/wal_catch_up_again.sql");
-
-/// Creates the publication `--source wal` streams from (`migrate --wal`), unless it exists, and
-/// repairs one that does not publish every insert into the outbox's table (see
-/// [`ensure_publication_in`]). Returns its name and whether it was created now.
-pub async fn create_publication_in(
-    client: &mut Client,
-    schema: Option<&str>,
-) -> Result<(String, bool)> {
-    let setup = ensure_publication_in(client, schema).await?;
-    Ok((setup.name, setup.created))
-}
-
-/// What [`ensure_publication_in`] found and did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PublicationSetup {
-    /// The publication's name (`outbox_wal_publication()`).
-    pub name: String,
-    /// It did not exist: created now.
-    pub created: bool,
-    /// It existed but did not publish every insert into the outbox's table (changed by hand):
-    /// what was wrong, repaired now.
-    pub repaired: Option<String>,
-}
-
-/// Makes the publication `--source wal` streams from publish every insert into the outbox's table:
-/// creates it, or repairs one changed by hand (adds the table back, gives `publish` its inserts,
-/// drops a row filter or column list; one `FOR ALL TABLES` stays so). After a repair the outbox's
-/// slots catch up from the table before they stream, since the rows written meanwhile are in no
-/// stream. Fails naming what is wrong when it cannot repair it.
-pub async fn ensure_publication_in(
-    client: &mut Client,
-    schema: Option<&str>,
-) -> Result<PublicationSetup> {
-    let tx = transaction_in(client, schema).await?;
-    tx.batch_execute(LOCK).await?;
-    let found = Publication::read(&tx).await?;
-    let problem = found.problem();
-    for stmt in found.repair() {
-        if let Err(e) = tx.batch_execute(stmt).await {
-            return Err(Error::replication(
-                format!(
-                    "{}; repairing it failed ({stmt}): {e}",
-                    problem.as_deref().unwrap_or("publication")
-                ),
-                false,
-            ));
-        }
-    }
-    if problem.is_some() {
-        if let Some(still) = Publication::read(&tx).await?.problem() {
-            return Err(Error::replication(
-                format!("{still} after `migrate --wal` repaired it: fix it by hand"),
-                false,
-            ));
-        }
-    }
-    let repaired = found.flaws_described().filter(|_| found.exists);
-    if repaired.is_some() {
-        tx.execute_typed(CATCH_UP_AGAIN, &[(&None::<&str>, Type::TEXT)])
-            .await?;
-    }
-    tx.commit().await?;
-    Ok(PublicationSetup {
-        name: found.name,
-        created: !found.exists,
-        repaired,
-    })
-}
+/// The migration lock (`migrate`, `migrate --wal`): one of them at a time per database.
+pub(crate) const LOCK: &str = include_str!("../sql/queries/migrate/migrate_lock.sql");
+const PREPARE: &str = include_str!("../sql/queries/migrate/migrate_prepare.sql");
+const APPLIED: &str = include_str!("../sql/queries/migrate/migrate_applied.sql");
+const RECORD: &str = include_str!("../sql/queries/migrate/migrate_record.sql");
+const SCHEMA_VERSION: &str = include_str!("../sql/queries/migrate/schema_version.sql");
+const SCHEMA_EXISTS: &str = include_str!("../sql/queries/migrate/schema_exists.sql");
+const CREATE_SCHEMA: &str = include_str!("../sql/queries/migrate/create_schema.sql");
+const GRANT_WRITER: &str = include_str!("../sql/queries/migrate/grant_writer.sql");
+const GRANT_RELAY: &str = include_str!("../sql/queries/migrate/grant_relay.sql");
 
 /// Creates `schema` if it does not exist (for `--schema`; the connection's search_path must name it).
-pub async fn create_schema<C: GenericClient + Sync>(client: &C, schema: &str) -> Result<()> {
+async fn create_schema<C: GenericClient + Sync>(client: &C, schema: &Schema) -> Result<()> {
     let stmt: String = client
-        .query_typed_one(CREATE_SCHEMA, &[(&schema, Type::TEXT)])
+        .query_typed_one(CREATE_SCHEMA, &[(&schema.as_str(), Type::TEXT)])
         .await?
         .get(0);
     client.batch_execute(&stmt).await?;
@@ -202,7 +134,7 @@ pub enum Grantee {
 }
 
 /// Grants `role` the least privileges its job needs, in the connection's current schema.
-pub async fn grant<C: GenericClient + Sync>(
+pub(crate) async fn grant<C: GenericClient + Sync>(
     client: &C,
     role: &str,
     grantee: Grantee,
@@ -218,76 +150,39 @@ pub async fn grant<C: GenericClient + Sync>(
     Ok(())
 }
 
-/// [`grant`] in `schema` (`None`: the connection's search_path), in a transaction of its own.
-pub async fn grant_in(
-    client: &mut Client,
-    schema: Option<&str>,
-    role: &str,
-    grantee: Grantee,
-) -> Result<()> {
-    let tx = transaction_in(client, schema).await?;
-    grant(&tx, role, grantee).await?;
-    tx.commit().await?;
-    Ok(())
-}
-
-/// Applies the missing migrations in one transaction, under an advisory lock so that two `migrate`
-/// runs at once apply each version once. Returns the versions applied now (empty: up to date).
-///
-/// ```no_run
-/// # async fn example() -> outbox_relay::Result<()> {
-/// use outbox_relay::migrate;
-///
-/// let mut client = outbox_relay::connect("postgres://admin@db:5432/app", "app-migrate").await?;
-/// let applied = migrate::migrate(&mut client).await?;
-/// println!("applied {applied:?}; schema version {}", migrate::current_version());
-///
-/// // Or, where the schema is applied by another tool, only check it (a deploy gate):
-/// let applied = migrate::applied_in(&mut client, None).await?;
-/// migrate::require_applied(&applied)?; // an error naming `outbox-relay migrate` if behind
-/// # Ok(())
-/// # }
-/// ```
-pub async fn migrate(client: &mut Client) -> Result<Vec<i32>> {
-    migrate_in(client, None).await
-}
-
-/// [`migrate`] into `schema` (`None`: the connection's search_path): creates the schema when it
-/// is missing and applies the missing migrations there, all in one transaction that sets the
-/// search_path with `SET LOCAL` and takes the migration lock before creating the schema.
-pub async fn migrate_in(client: &mut Client, schema: Option<&str>) -> Result<Vec<i32>> {
-    let tx = transaction_in(client, schema).await?;
+/// Applies the missing migrations on `client` (in a transaction whose search_path names
+/// `schema`, see [`crate::ops::Outbox::migrate`]): under the migration lock, taken before the
+/// schema is created so that two runs at once do not both try to create it.
+pub(crate) async fn apply<C: GenericClient + Sync>(
+    client: &C,
+    schema: Option<&Schema>,
+) -> Result<Vec<i32>> {
     if let Some(schema) = schema {
-        // Under the lock: two runs at once must not both try to create the schema.
-        tx.batch_execute(LOCK).await?;
-        create_schema(&tx, schema).await?;
+        client.batch_execute(LOCK).await?;
+        create_schema(client, schema).await?;
     }
-    tx.batch_execute(PREPARE).await?;
-    let applied = applied(&tx).await?;
+    client.batch_execute(PREPARE).await?;
+    let applied = applied(client).await?;
     let mut now = Vec::new();
     for m in pending(&applied) {
         tracing::info!(version = m.version, name = m.name, "applying migration");
-        tx.batch_execute(m.sql).await?;
-        tx.execute_typed(RECORD, &[(&m.version, Type::INT4), (&m.name, Type::TEXT)])
+        client.batch_execute(m.sql).await?;
+        client
+            .execute_typed(RECORD, &[(&m.version, Type::INT4), (&m.name, Type::TEXT)])
             .await?;
         now.push(m.version);
     }
-    tx.commit().await?;
     Ok(now)
 }
 
-/// The versions applied in `schema` (`None`: the connection's search_path), oldest first; empty
-/// when the outbox schema does not exist yet. Read in a transaction of its own.
-pub async fn applied_in(client: &mut Client, schema: Option<&str>) -> Result<Vec<i32>> {
-    let tx = transaction_in(client, schema).await?;
-    let exists: bool = tx.query_typed_one(SCHEMA_EXISTS, &[]).await?.get(0);
-    let versions = if exists {
-        applied(&tx).await?
+/// The versions applied, oldest first; empty when the outbox schema does not exist yet.
+pub(crate) async fn applied_if_any<C: GenericClient + Sync>(client: &C) -> Result<Vec<i32>> {
+    let exists: bool = client.query_typed_one(SCHEMA_EXISTS, &[]).await?.get(0);
+    if exists {
+        applied(client).await
     } else {
-        Vec::new()
-    };
-    tx.commit().await?;
-    Ok(versions)
+        Ok(Vec::new())
+    }
 }
 
 /// The versions recorded in `outbox_schema_migrations`, oldest first (the table must exist).
@@ -308,7 +203,7 @@ pub fn pending(applied: &[i32]) -> Vec<&'static Migration> {
         .collect()
 }
 
-/// Fails as [`check_schema`] does when a migration of this build is not in `applied`.
+/// Fails as [`crate::ops::Outbox::check`] does when a migration of this build is not in `applied`.
 pub fn require_applied(applied: &[i32]) -> Result<()> {
     if pending(applied).is_empty() {
         Ok(())
@@ -321,13 +216,13 @@ pub fn require_applied(applied: &[i32]) -> Result<()> {
 }
 
 /// The whole migration as one script, for users who apply migrations with their own tool.
-pub fn script(schema: Option<&str>) -> String {
+pub fn script(schema: Option<&Schema>) -> String {
     script_from(schema, 1)
 }
 
 /// [`script`] with the migrations from version `from` on (for a database that has the earlier
 /// ones): each is recorded in `outbox_schema_migrations` as `migrate` does.
-pub fn script_from(schema: Option<&str>, from: i32) -> String {
+pub fn script_from(schema: Option<&Schema>, from: i32) -> String {
     script_as(schema, from, ScriptFormat::Script)
 }
 
@@ -357,7 +252,7 @@ pub enum ScriptFormat {
 /// assert!(goose.starts_with("-- +goose Up\n-- +goose StatementBegin\n"));
 /// assert!(!goose.contains("\nCOMMIT;"));
 /// ```
-pub fn script_as(schema: Option<&str>, from: i32, format: ScriptFormat) -> String {
+pub fn script_as(schema: Option<&Schema>, from: i32, format: ScriptFormat) -> String {
     let mut out = String::new();
     match format {
         ScriptFormat::Script => out.push_str("-- outbox-relay schema; apply in one transaction.\nBEGIN;\n"),
@@ -369,14 +264,15 @@ pub fn script_as(schema: Option<&str>, from: i32, format: ScriptFormat) -> Strin
         ),
     }
     if let Some(schema) = schema {
-        out.push_str(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\";\n"));
+        let quoted = schema.quoted();
+        out.push_str(&format!("CREATE SCHEMA IF NOT EXISTS {quoted};\n"));
         if format == ScriptFormat::Script {
-            out.push_str(&format!("{};\n", crate::db::set_local_search_path(schema)));
+            out.push_str(&format!("{};\n", schema.set_local_search_path()));
         } else {
             // The tool records its own version in the same transaction, in a table it names
             // without a schema: keep its search_path behind ours.
             out.push_str(&format!(
-                "SELECT set_config('search_path', concat_ws(', ', '\"{schema}\"', nullif(current_setting('search_path'), '')), true);\n"
+                "SELECT set_config('search_path', concat_ws(', ', '{quoted}', nullif(current_setting('search_path'), '')), true);\n"
             ));
         }
     }
@@ -400,7 +296,7 @@ pub fn script_as(schema: Option<&str>, from: i32, format: ScriptFormat) -> Strin
 
 /// Fails with a message telling the user to run `outbox-relay migrate` when the schema is missing
 /// or older than this build needs ([`REQUIRED_VERSION`]).
-pub async fn check_schema<C: GenericClient + Sync>(client: &C) -> Result<()> {
+pub(crate) async fn check_schema<C: GenericClient + Sync>(client: &C) -> Result<()> {
     let exists: bool = client.query_typed_one(SCHEMA_EXISTS, &[]).await?.get(0);
     let found: Option<i32> = if exists {
         client.query_typed_one(SCHEMA_VERSION, &[]).await?.get(0)

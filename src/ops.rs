@@ -1,31 +1,35 @@
-//! Operator queries: status, dead letters, cleanup (of the outbox and of `processed_events`).
-//! Shared by the CLI and the relay's own periodic tasks (gauges, `--retention`,
+//! Operations on an outbox: migrate, grant, the publication of `--source wal`, status, dead
+//! letters, cleanup (of the outbox and of `processed_events`), all through one handle,
+//! [`Outbox`]. Shared by the CLI and the relay's own periodic tasks (gauges, `--retention`,
 //! `--processed-events-retention`).
 //!
 //! Every statement is sent as an unnamed statement with its parameter types (one round trip, no
 //! named prepared statement left on the server), so these work through a transaction pooler such
 //! as PgBouncer in transaction mode.
 //!
-//! The `*_in` functions are the operator commands as the CLI runs them: each in a transaction of
-//! its own (cleanup: one per batch) that first sets the search_path to the outbox schema with
-//! `SET LOCAL` ([`transaction_in`]) and checks the schema version. Nothing of that outlives the
-//! transaction, so the server connection goes back to a pooler unchanged, and `--schema` needs no
-//! `options` in the connection URL (which PgBouncer refuses).
+//! Each operation runs in a transaction of its own (cleanup and the retry of every dead letter:
+//! one per batch) that first sets the search_path to the outbox's schema with `SET LOCAL`
+//! ([`Schema::set_local_search_path`]); the queue and read commands check the schema version in
+//! it too. Nothing of that outlives the transaction, so the server connection goes back to a
+//! pooler unchanged, and `--schema` needs no `options` in the connection URL (which PgBouncer
+//! refuses).
 //!
 //! ```no_run
 //! # async fn example() -> outbox_relay::Result<()> {
 //! use std::time::Duration;
-//! use outbox_relay::ops;
+//! use outbox_relay::ops::Outbox;
+//! use outbox_relay::Schema;
 //!
 //! let mut client = outbox_relay::connect("postgres://relay@db:5432/app", "ops").await?;
-//! let status = ops::status_in(&mut client, None).await?;
+//! let mut outbox = Outbox::new(&mut client, Schema::optional(Some("billing"))?);
+//! let status = outbox.status().await?;
 //! println!("{} pending, {} dead letters", status.pending, status.dead_letters);
-//! for dead in ops::dead_letters_in(&mut client, None, 20, None).await? {
+//! for dead in outbox.dead_letters(20, None).await? {
 //!     println!("{} {}: {:?}", dead.id, dead.event_type, dead.last_error);
 //! }
-//! let retried = ops::retry_dead_letters_in(&mut client, None, None).await?; // all of them
+//! let retried = outbox.retry_dead_letters(None).await?; // all of them
 //! let week = Duration::from_secs(7 * 24 * 3600);
-//! let deleted = ops::cleanup_in(&mut client, None, week, 1000).await?;
+//! let deleted = outbox.cleanup(week, 1000).await?;
 //! println!("retried {}, deleted {deleted} old rows", retried.len());
 //! # Ok(())
 //! # }
@@ -39,28 +43,406 @@ use tokio_postgres::{Client, GenericClient, Transaction};
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
-use crate::migrate::check_schema;
+use crate::migrate::{self, Grantee};
+use crate::schema::Schema;
+use crate::source::wal::publication::Publication;
 use crate::timestamp::Timestamp;
 
-const STATUS: &str = include_str!("../sql/queries/status.sql");
-const DEAD_LETTERS_LIST: &str = include_str!("../sql/queries/dead_letters_list.sql");
-const DEAD_LETTERS_RETRY: &str = include_str!("../sql/queries/dead_letters_retry.sql");
-const DEAD_LETTERS_DISCARD: &str = include_str!("../sql/queries/dead_letters_discard.sql");
-const WAKE: &str = include_str!("../sql/queries/wake.sql");
-const CLEANUP: &str = include_str!("../sql/queries/cleanup.sql");
-const CLEANUP_PROCESSED_EVENTS: &str = include_str!("../sql/queries/cleanup_processed_events.sql");
-const CLEANUP_COUNT: &str = include_str!("../sql/queries/cleanup_count.sql");
+const STATUS: &str = include_str!("../sql/queries/ops/status.sql");
+const DEAD_LETTERS_LIST: &str = include_str!("../sql/queries/ops/dead_letters_list.sql");
+const DEAD_LETTERS_RETRY: &str = include_str!("../sql/queries/ops/dead_letters_retry.sql");
+const DEAD_LETTERS_DISCARD: &str = include_str!("../sql/queries/ops/dead_letters_discard.sql");
+const WAKE: &str = include_str!("../sql/queries/table/wake.sql");
+const CLEANUP: &str = include_str!("../sql/queries/ops/cleanup.sql");
+const CLEANUP_PROCESSED_EVENTS: &str = include_str!("../sql/queries/ops/cleanup_processed_events.sql");
+const CLEANUP_COUNT: &str = include_str!("../sql/queries/ops/cleanup_count.sql");
 const CLEANUP_PROCESSED_EVENTS_COUNT: &str =
-    include_str!("../sql/queries/cleanup_processed_events_count.sql");
-const DEAD_LETTERS_RETRY_BATCH: &str = include_str!("../sql/queries/dead_letters_retry_batch.sql");
+    include_str!("../sql/queries/ops/cleanup_processed_events_count.sql");
+const DEAD_LETTERS_RETRY_BATCH: &str = include_str!("../sql/queries/ops/dead_letters_retry_batch.sql");
 const DEAD_LETTERS_RETRY_PREVIEW: &str =
-    include_str!("../sql/queries/dead_letters_retry_preview.sql");
-const BLOCKED_AGGREGATES: &str = include_str!("../sql/queries/blocked_aggregates.sql");
-const WAL_PRESENT: &str = include_str!("../sql/queries/wal_present.sql");
-const WAL_SLOTS: &str = include_str!("../sql/queries/wal_slots.sql");
+    include_str!("../sql/queries/ops/dead_letters_retry_preview.sql");
+const BLOCKED_AGGREGATES: &str = include_str!("../sql/queries/ops/blocked_aggregates.sql");
+const WAL_PRESENT: &str = include_str!("../sql/queries/ops/wal_present.sql");
+const WAL_SLOTS: &str = include_str!("../sql/queries/ops/wal_slots.sql");
+const CATCH_UP_AGAIN: &str = include_str!("../sql/queries/wal/wal_catch_up_again.sql");
+
+/// The operations on one outbox: a connection and the outbox's schema (`None`: the connection's
+/// own search_path). Each method runs in a transaction of its own (see the module
+/// documentation); the queue and read commands first check that the schema is there and current
+/// (an error naming `outbox-relay migrate` otherwise), `migrate`, `applied`, `grant` and the
+/// publication's setup do not.
+#[derive(Debug)]
+pub struct Outbox<'c> {
+    client: &'c mut Client,
+    schema: Option<Schema>,
+}
+
+impl<'c> Outbox<'c> {
+    /// The outbox in `schema` on `client`.
+    pub fn new(client: &'c mut Client, schema: Option<Schema>) -> Self {
+        Outbox { client, schema }
+    }
+
+    /// The outbox's schema (`None`: the connection's search_path).
+    pub fn schema(&self) -> Option<&Schema> {
+        self.schema.as_ref()
+    }
+
+    /// A transaction whose statements find the outbox objects in the schema: it starts with
+    /// `SET LOCAL search_path`, which ends with the transaction (commit or rollback), so no
+    /// session state is left on the connection. Without a schema, a plain transaction.
+    async fn transaction(&mut self) -> Result<Transaction<'_>> {
+        let tx = self.client.transaction().await?;
+        if let Some(schema) = &self.schema {
+            tx.batch_execute(&schema.set_local_search_path()).await?;
+        }
+        Ok(tx)
+    }
+
+    /// [`Outbox::transaction`], after checking in it that the schema is there and current.
+    async fn checked_transaction(&mut self) -> Result<Transaction<'_>> {
+        let tx = self.transaction().await?;
+        migrate::check_schema(&tx).await?;
+        Ok(tx)
+    }
+
+    /// Fails with a message telling the user to run `outbox-relay migrate` when the schema is
+    /// missing or older than this build needs ([`migrate::REQUIRED_VERSION`]).
+    pub async fn check(&mut self) -> Result<()> {
+        self.checked_transaction().await?.commit().await?;
+        Ok(())
+    }
+
+    /// What `outbox-relay status` counts.
+    pub async fn status(&mut self) -> Result<Status> {
+        let tx = self.checked_transaction().await?;
+        let status = read_status(&tx).await?;
+        tx.commit().await?;
+        Ok(status)
+    }
+
+    /// The replication slots of `--source wal` this outbox's relays created (none before schema
+    /// version 5, or without `--source wal`).
+    pub async fn wal_slots(&mut self) -> Result<Vec<WalSlot>> {
+        let tx = self.checked_transaction().await?;
+        let slots = read_wal_slots(&tx).await?;
+        tx.commit().await?;
+        Ok(slots)
+    }
+
+    /// Up to `limit` blocked aggregates, oldest dead letter first.
+    pub async fn blocked_aggregates(&mut self, limit: i64) -> Result<Vec<BlockedAggregate>> {
+        let tx = self.checked_transaction().await?;
+        let blocked = read_blocked_aggregates(&tx, limit).await?;
+        tx.commit().await?;
+        Ok(blocked)
+    }
+
+    /// [`Outbox::status`], up to `limit` [`Outbox::blocked_aggregates`] and the
+    /// [`Outbox::wal_slots`], read in one transaction (one schema check, one snapshot of the
+    /// counts and the list): what `outbox-relay status` shows.
+    pub async fn overview(&mut self, limit: i64) -> Result<Overview> {
+        let tx = self.checked_transaction().await?;
+        let status = read_status(&tx).await?;
+        let blocked = read_blocked_aggregates(&tx, limit).await?;
+        let wal_slots = read_wal_slots(&tx).await?;
+        tx.commit().await?;
+        Ok(Overview {
+            status,
+            blocked,
+            wal_slots,
+        })
+    }
+
+    /// Up to `limit` dead letters (of `event_type`, if given), oldest first.
+    pub async fn dead_letters(
+        &mut self,
+        limit: i64,
+        event_type: Option<&str>,
+    ) -> Result<Vec<DeadLetter>> {
+        let tx = self.checked_transaction().await?;
+        let rows = read_dead_letters(&tx, limit, event_type).await?;
+        tx.commit().await?;
+        Ok(rows)
+    }
+
+    /// Gives the named dead letters (all of them with `None`) a fresh set of attempts, in one
+    /// transaction. Fails, changing nothing, when an id is not a dead letter.
+    pub async fn retry_dead_letters(&mut self, ids: Option<&[Uuid]>) -> Result<Vec<Uuid>> {
+        let tx = self.checked_transaction().await?;
+        change_dead_letters(tx, DEAD_LETTERS_RETRY, ids).await
+    }
+
+    /// Marks the named dead letters discarded (kept for the audit trail, no longer blocking their
+    /// aggregate), in one transaction. Fails, changing nothing, when an id is not a dead letter.
+    pub async fn discard_dead_letters(&mut self, ids: &[Uuid]) -> Result<Vec<Uuid>> {
+        let tx = self.checked_transaction().await?;
+        change_dead_letters(tx, DEAD_LETTERS_DISCARD, Some(ids)).await
+    }
+
+    /// What [`Outbox::retry_dead_letters`] would retry, in `seq` order, changing nothing
+    /// (`--dry-run`). Fails like the retry itself when an id is not a dead letter.
+    pub async fn retry_preview(&mut self, ids: Option<&[Uuid]>) -> Result<Vec<RetryCandidate>> {
+        let tx = self.checked_transaction().await?;
+        let ids_param: Option<Vec<Uuid>> = ids.map(<[Uuid]>::to_vec);
+        let rows = tx
+            .query_typed(
+                DEAD_LETTERS_RETRY_PREVIEW,
+                &[(&ids_param, Type::UUID_ARRAY)],
+            )
+            .await?;
+        tx.commit().await?;
+        let candidates = rows
+            .iter()
+            .map(|r| {
+                Ok(RetryCandidate {
+                    id: r.try_get("id")?,
+                    aggregate_type: r.try_get("aggregate_type")?,
+                    aggregate_id: r.try_get("aggregate_id")?,
+                    event_type: r.try_get("event_type")?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if let Some(wanted) = ids {
+            let found: Vec<Uuid> = candidates.iter().map(|c| c.id).collect();
+            if let Some(err) = missing_dead_letters(wanted, &found) {
+                return Err(err);
+            }
+        }
+        Ok(candidates)
+    }
+
+    /// Gives every dead letter a fresh set of attempts, `batch_size` of them per transaction (each
+    /// wakes the relays when it commits), in `seq` order; `on_batch` hears after each commit.
+    /// Returns the number retried. The schema version is checked in the first transaction.
+    ///
+    /// Unlike [`Outbox::retry_dead_letters`] this is not one transaction: a failure keeps the
+    /// batches committed before it (reported to `on_batch`), and running it again retries the
+    /// rest. Each dead letter present at the start is retried at most once, even if a relay
+    /// dead-letters it again while the command runs; later dead letters may be included.
+    pub async fn retry_all_dead_letters(
+        &mut self,
+        batch_size: i64,
+        mut on_batch: impl FnMut(Progress),
+    ) -> Result<u64> {
+        check_batch_size(batch_size)?;
+        let mut progress = Progress::default();
+        let mut after_seq = i64::MIN;
+        loop {
+            let tx = if progress.batches == 0 {
+                self.checked_transaction().await?
+            } else {
+                self.transaction().await?
+            };
+            let seqs: Vec<i64> = tx
+                .query_typed(
+                    DEAD_LETTERS_RETRY_BATCH,
+                    &[(&after_seq, Type::INT8), (&batch_size, Type::INT8)],
+                )
+                .await?
+                .iter()
+                .map(|r| r.try_get(0))
+                .collect::<std::result::Result<_, _>>()?;
+            if !seqs.is_empty() {
+                // Wake the relays: these rows are claimable now.
+                tx.batch_execute(WAKE).await?;
+            }
+            tx.commit().await?;
+            let n = seqs.len() as u64;
+            after_seq = seqs.iter().copied().max().unwrap_or(after_seq);
+            if n > 0 {
+                progress.add_batch(n);
+                on_batch(progress);
+            }
+            if n < batch_size as u64 {
+                return Ok(progress.rows);
+            }
+        }
+    }
+
+    /// Deletes outbox rows processed (or discarded) more than `older_than` ago by the database's
+    /// clock, as [`Outbox::cleanup_table`] does. Returns the number of rows deleted.
+    pub async fn cleanup(&mut self, older_than: Duration, batch_size: i64) -> Result<u64> {
+        self.cleanup_table(Retained::OutboxEvents, older_than, batch_size, |_| {})
+            .await
+    }
+
+    /// Deletes the rows of `table` older than `older_than` (see [`Retained`]), `batch_size` rows
+    /// per transaction, until a batch deletes fewer; `on_batch` hears after each committed batch
+    /// (for progress output and counting). The schema version is checked in the first
+    /// transaction. On an error the batches reported so far stay deleted. Returns the number of
+    /// rows deleted.
+    ///
+    /// The cutoff is `now() - older_than` computed by PostgreSQL in each statement, never from
+    /// this machine's clock, which may be off: the times compared with it are the database's.
+    pub async fn cleanup_table(
+        &mut self,
+        table: Retained,
+        older_than: Duration,
+        batch_size: i64,
+        mut on_batch: impl FnMut(Progress),
+    ) -> Result<u64> {
+        check_batch_size(batch_size)?;
+        let age = age_micros(older_than);
+        let mut progress = Progress::default();
+        loop {
+            let tx = if progress.batches == 0 {
+                self.checked_transaction().await?
+            } else {
+                self.transaction().await?
+            };
+            let n = cleanup_step(&tx, table, age, batch_size).await?;
+            tx.commit().await?;
+            if n > 0 {
+                progress.add_batch(n);
+                on_batch(progress);
+            }
+            if n < batch_size as u64 {
+                return Ok(progress.rows);
+            }
+        }
+    }
+
+    /// How many rows [`Outbox::cleanup_table`] with the same `table` and `older_than` would
+    /// delete now, deleting nothing (`cleanup --dry-run`): the same cutoff, by the database's
+    /// clock.
+    pub async fn cleanup_count(&mut self, table: Retained, older_than: Duration) -> Result<u64> {
+        let age = age_micros(older_than);
+        let tx = self.checked_transaction().await?;
+        let n: i64 = tx
+            .query_typed_one(table.count_sql(), &[(&age, Type::INT8)])
+            .await?
+            .try_get(0)?;
+        tx.commit().await?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    /// Applies the missing migrations in one transaction, under an advisory lock so that two
+    /// `migrate` runs at once apply each version once; with a schema, creates it first when it
+    /// is missing. Returns the versions applied now (empty: up to date).
+    ///
+    /// ```no_run
+    /// # async fn example() -> outbox_relay::Result<()> {
+    /// use outbox_relay::migrate;
+    /// use outbox_relay::ops::Outbox;
+    ///
+    /// let mut client = outbox_relay::connect("postgres://admin@db:5432/app", "app-migrate").await?;
+    /// let mut outbox = Outbox::new(&mut client, None);
+    /// let applied = outbox.migrate().await?;
+    /// println!("applied {applied:?}; schema version {}", migrate::current_version());
+    ///
+    /// // Or, where the schema is applied by another tool, only check it (a deploy gate):
+    /// let applied = outbox.applied().await?;
+    /// migrate::require_applied(&applied)?; // an error naming `outbox-relay migrate` if behind
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn migrate(&mut self) -> Result<Vec<i32>> {
+        let schema = self.schema.clone();
+        let tx = self.transaction().await?;
+        let applied = migrate::apply(&tx, schema.as_ref()).await?;
+        tx.commit().await?;
+        Ok(applied)
+    }
+
+    /// The schema versions applied, oldest first; empty when the outbox schema does not exist
+    /// yet (see [`migrate::require_applied`], [`migrate::pending`]).
+    pub async fn applied(&mut self) -> Result<Vec<i32>> {
+        let tx = self.transaction().await?;
+        let versions = migrate::applied_if_any(&tx).await?;
+        tx.commit().await?;
+        Ok(versions)
+    }
+
+    /// Grants `role` the least privileges its job needs on the outbox's objects.
+    pub async fn grant(&mut self, role: &str, grantee: Grantee) -> Result<()> {
+        let tx = self.transaction().await?;
+        migrate::grant(&tx, role, grantee).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Creates the publication `--source wal` streams from (`migrate --wal`), unless it exists,
+    /// and repairs one that does not publish every insert into the outbox's table (see
+    /// [`Outbox::ensure_publication`]). Returns its name and whether it was created now.
+    pub async fn create_publication(&mut self) -> Result<(String, bool)> {
+        let setup = self.ensure_publication().await?;
+        Ok((setup.name, setup.created))
+    }
+
+    /// Makes the publication `--source wal` streams from publish every insert into the outbox's
+    /// table: creates it, or repairs one changed by hand (adds the table back, gives `publish`
+    /// its inserts, drops a row filter or column list; one `FOR ALL TABLES` stays so). After a
+    /// repair the outbox's slots catch up from the table before they stream, since the rows
+    /// written meanwhile are in no stream. Fails naming what is wrong when it cannot repair it.
+    pub async fn ensure_publication(&mut self) -> Result<PublicationSetup> {
+        let tx = self.transaction().await?;
+        tx.batch_execute(migrate::LOCK).await?;
+        let found = Publication::read(&tx).await?;
+        let problem = found.problem();
+        for stmt in found.repair() {
+            if let Err(e) = tx.batch_execute(stmt).await {
+                return Err(Error::replication(
+                    format!(
+                        "{}; repairing it failed ({stmt}): {e}",
+                        problem.as_deref().unwrap_or("publication")
+                    ),
+                    false,
+                ));
+            }
+        }
+        if problem.is_some() {
+            if let Some(still) = Publication::read(&tx).await?.problem() {
+                return Err(Error::replication(
+                    format!("{still} after `migrate --wal` repaired it: fix it by hand"),
+                    false,
+                ));
+            }
+        }
+        let repaired = found.flaws_described().filter(|_| found.exists);
+        if repaired.is_some() {
+            tx.execute_typed(CATCH_UP_AGAIN, &[(&None::<&str>, Type::TEXT)])
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(PublicationSetup {
+            name: found.name,
+            created: !found.exists,
+            repaired,
+        })
+    }
+}
+
+/// What `outbox-relay status` shows ([`Outbox::overview`]); as JSON (`status --json`) the
+/// status's fields, then `blocked` and `wal_slots`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[non_exhaustive]
+pub struct Overview {
+    /// The counts.
+    #[serde(flatten)]
+    pub status: Status,
+    /// Up to the limit asked for of the blocked aggregates, oldest dead letter first.
+    pub blocked: Vec<BlockedAggregate>,
+    /// The replication slots of `--source wal`.
+    pub wal_slots: Vec<WalSlot>,
+}
+
+/// What [`Outbox::ensure_publication`] found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PublicationSetup {
+    /// The publication's name (`outbox_wal_publication()`).
+    pub name: String,
+    /// It did not exist: created now.
+    pub created: bool,
+    /// It existed but did not publish every insert into the outbox's table (changed by hand):
+    /// what was wrong, repaired now.
+    pub repaired: Option<String>,
+}
 
 /// What `outbox-relay status` reports.
 #[derive(Debug, Clone, Serialize, PartialEq)]
+#[non_exhaustive]
 pub struct Status {
     /// Not yet published and not dead-lettered.
     pub pending: i64,
@@ -88,40 +470,8 @@ pub struct Status {
     pub(crate) first_future_dated_seq: Option<i64>,
 }
 
-/// Opens a transaction on `client` whose statements find the outbox objects in `schema`: it
-/// starts with `SET LOCAL search_path TO <schema>`, which ends with the transaction (commit or
-/// rollback), so no session state is left on the connection. `None`: the connection's own
-/// search_path, and the transaction is a plain one.
-///
-/// Fails with a configuration error naming `schema` when the name is not a plain lowercase
-/// identifier (see [`crate::db::validate_schema`]).
-pub async fn transaction_in<'a>(
-    client: &'a mut Client,
-    schema: Option<&str>,
-) -> Result<Transaction<'a>> {
-    if let Some(schema) = schema {
-        crate::db::validate_schema(schema)?;
-    }
-    let tx = client.transaction().await?;
-    if let Some(schema) = schema {
-        tx.batch_execute(&crate::db::set_local_search_path(schema))
-            .await?;
-    }
-    Ok(tx)
-}
-
-/// [`transaction_in`], after checking in it that the schema is there and current.
-pub async fn checked_transaction_in<'a>(
-    client: &'a mut Client,
-    schema: Option<&str>,
-) -> Result<Transaction<'a>> {
-    let tx = transaction_in(client, schema).await?;
-    check_schema(&tx).await?;
-    Ok(tx)
-}
-
 /// The status of the outbox in the connection's current search_path.
-pub async fn status<C: GenericClient + Sync>(client: &C) -> Result<Status> {
+async fn read_status<C: GenericClient + Sync>(client: &C) -> Result<Status> {
     let row = client.query_typed_one(STATUS, &[]).await?;
     Ok(Status {
         pending: row.get("pending"),
@@ -138,6 +488,7 @@ pub async fn status<C: GenericClient + Sync>(client: &C) -> Result<Status> {
 
 /// A replication slot of `--source wal` (one this outbox's relays created), as PostgreSQL sees it.
 #[derive(Debug, Clone, Serialize, PartialEq)]
+#[non_exhaustive]
 pub struct WalSlot {
     /// The slot's name (`--slot-name`).
     pub slot_name: String,
@@ -160,7 +511,7 @@ pub struct WalSlot {
 
 /// The replication slots of `--source wal` this outbox's relays created (none before schema
 /// version 5, or without `--source wal`).
-pub async fn wal_slots<C: GenericClient + Sync>(client: &C) -> Result<Vec<WalSlot>> {
+async fn read_wal_slots<C: GenericClient + Sync>(client: &C) -> Result<Vec<WalSlot>> {
     let present: bool = client.query_typed_one(WAL_PRESENT, &[]).await?.get(0);
     if !present {
         return Ok(Vec::new());
@@ -184,6 +535,7 @@ pub async fn wal_slots<C: GenericClient + Sync>(client: &C) -> Result<Vec<WalSlo
 /// An aggregate whose later events wait behind a dead letter: what an operator needs to act on it
 /// (`dead-letters retry` or `discard` with `event_id`).
 #[derive(Debug, Clone, Serialize, PartialEq)]
+#[non_exhaustive]
 pub struct BlockedAggregate {
     /// The blocked aggregate's type.
     pub aggregate_type: String,
@@ -202,7 +554,7 @@ pub struct BlockedAggregate {
 }
 
 /// Up to `limit` blocked aggregates, oldest dead letter first.
-pub async fn blocked_aggregates<C: GenericClient + Sync>(
+async fn read_blocked_aggregates<C: GenericClient + Sync>(
     client: &C,
     limit: i64,
 ) -> Result<Vec<BlockedAggregate>> {
@@ -226,6 +578,7 @@ pub async fn blocked_aggregates<C: GenericClient + Sync>(
 
 /// One row of `outbox_dead_letters`.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct DeadLetter {
     /// The event's id (what `dead-letters retry|discard` take).
     pub id: Uuid,
@@ -250,7 +603,7 @@ pub struct DeadLetter {
 }
 
 /// Up to `limit` dead letters (of `event_type`, if given), oldest first.
-pub async fn dead_letters<C: GenericClient + Sync>(
+async fn read_dead_letters<C: GenericClient + Sync>(
     client: &C,
     limit: i64,
     event_type: Option<&str>,
@@ -277,71 +630,6 @@ pub async fn dead_letters<C: GenericClient + Sync>(
             })
         })
         .collect()
-}
-
-/// [`status`] of the outbox in `schema` (`None`: the connection's search_path), in a transaction
-/// of its own after checking the schema version (see the module documentation).
-pub async fn status_in(client: &mut Client, schema: Option<&str>) -> Result<Status> {
-    let tx = checked_transaction_in(client, schema).await?;
-    let status = status(&tx).await?;
-    tx.commit().await?;
-    Ok(status)
-}
-
-/// [`dead_letters`] of the outbox in `schema`, in a transaction of its own after checking the
-/// schema version (see the module documentation).
-pub async fn dead_letters_in(
-    client: &mut Client,
-    schema: Option<&str>,
-    limit: i64,
-    event_type: Option<&str>,
-) -> Result<Vec<DeadLetter>> {
-    let tx = checked_transaction_in(client, schema).await?;
-    let rows = dead_letters(&tx, limit, event_type).await?;
-    tx.commit().await?;
-    Ok(rows)
-}
-
-/// Gives the named dead letters (all of them with `None`) a fresh set of attempts. Fails, changing
-/// nothing, when an id is not a dead letter.
-pub async fn retry_dead_letters(
-    client: &mut tokio_postgres::Client,
-    ids: Option<&[Uuid]>,
-) -> Result<Vec<Uuid>> {
-    let tx = client.transaction().await?;
-    change_dead_letters(tx, DEAD_LETTERS_RETRY, ids).await
-}
-
-/// [`retry_dead_letters`] in `schema`, after checking the schema version, all in one transaction
-/// (see the module documentation).
-pub async fn retry_dead_letters_in(
-    client: &mut Client,
-    schema: Option<&str>,
-    ids: Option<&[Uuid]>,
-) -> Result<Vec<Uuid>> {
-    let tx = checked_transaction_in(client, schema).await?;
-    change_dead_letters(tx, DEAD_LETTERS_RETRY, ids).await
-}
-
-/// Marks the named dead letters discarded (kept for the audit trail, no longer blocking their
-/// aggregate). Fails, changing nothing, when an id is not a dead letter.
-pub async fn discard_dead_letters(
-    client: &mut tokio_postgres::Client,
-    ids: &[Uuid],
-) -> Result<Vec<Uuid>> {
-    let tx = client.transaction().await?;
-    change_dead_letters(tx, DEAD_LETTERS_DISCARD, Some(ids)).await
-}
-
-/// [`discard_dead_letters`] in `schema`, after checking the schema version, all in one
-/// transaction (see the module documentation).
-pub async fn discard_dead_letters_in(
-    client: &mut Client,
-    schema: Option<&str>,
-    ids: &[Uuid],
-) -> Result<Vec<Uuid>> {
-    let tx = checked_transaction_in(client, schema).await?;
-    change_dead_letters(tx, DEAD_LETTERS_DISCARD, Some(ids)).await
 }
 
 /// Runs `sql` on `tx` and commits, or rolls back when an id in `ids` was not changed.
@@ -385,8 +673,9 @@ fn missing_dead_letters(wanted: &[Uuid], found: &[Uuid]) -> Option<Error> {
 }
 
 /// A dead letter that `dead-letters retry` would give a fresh set of attempts
-/// ([`retry_preview_in`]).
+/// ([`Outbox::retry_preview`]).
 #[derive(Debug, Clone, Serialize, PartialEq)]
+#[non_exhaustive]
 pub struct RetryCandidate {
     /// The event's id.
     pub id: Uuid,
@@ -398,44 +687,8 @@ pub struct RetryCandidate {
     pub event_type: String,
 }
 
-/// What [`retry_dead_letters_in`] would retry, in `seq` order, changing nothing (`--dry-run`).
-/// Fails like the retry itself when an id is not a dead letter.
-pub async fn retry_preview_in(
-    client: &mut Client,
-    schema: Option<&str>,
-    ids: Option<&[Uuid]>,
-) -> Result<Vec<RetryCandidate>> {
-    let tx = checked_transaction_in(client, schema).await?;
-    let ids_param: Option<Vec<Uuid>> = ids.map(<[Uuid]>::to_vec);
-    let rows = tx
-        .query_typed(
-            DEAD_LETTERS_RETRY_PREVIEW,
-            &[(&ids_param, Type::UUID_ARRAY)],
-        )
-        .await?;
-    tx.commit().await?;
-    let candidates = rows
-        .iter()
-        .map(|r| {
-            Ok(RetryCandidate {
-                id: r.try_get("id")?,
-                aggregate_type: r.try_get("aggregate_type")?,
-                aggregate_id: r.try_get("aggregate_id")?,
-                event_type: r.try_get("event_type")?,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    if let Some(wanted) = ids {
-        let found: Vec<Uuid> = candidates.iter().map(|c| c.id).collect();
-        if let Some(err) = missing_dead_letters(wanted, &found) {
-            return Err(err);
-        }
-    }
-    Ok(candidates)
-}
-
-/// How far a batched operator command ([`cleanup_table_in`],
-/// [`retry_all_dead_letters_in`]) has come: reported after each committed batch, so that a
+/// How far a batched operator command ([`Outbox::cleanup_table`],
+/// [`Outbox::retry_all_dead_letters`]) has come: reported after each committed batch, so that a
 /// caller can show progress (the CLI draws it on a terminal). Everything counted is committed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -450,55 +703,6 @@ impl Progress {
     fn add_batch(&mut self, rows: u64) {
         self.rows += rows;
         self.batches += 1;
-    }
-}
-
-/// Gives every dead letter a fresh set of attempts, `batch_size` of them per transaction (each
-/// wakes the relays when it commits), in `seq` order; `on_batch` hears after each commit.
-/// Returns the number retried.
-///
-/// Unlike [`retry_dead_letters_in`] with ids this is not one transaction: a failure keeps the
-/// batches committed before it (reported to `on_batch`), and running it again retries the rest.
-/// Each dead letter present at the start is retried at most once, even if a relay dead-letters it
-/// again while the command runs; later dead letters may be included.
-pub async fn retry_all_dead_letters_in(
-    client: &mut Client,
-    schema: Option<&str>,
-    batch_size: i64,
-    mut on_batch: impl FnMut(Progress),
-) -> Result<u64> {
-    check_batch_size(batch_size)?;
-    let mut progress = Progress::default();
-    let mut after_seq = i64::MIN;
-    loop {
-        let tx = if progress.batches == 0 {
-            checked_transaction_in(client, schema).await?
-        } else {
-            transaction_in(client, schema).await?
-        };
-        let seqs: Vec<i64> = tx
-            .query_typed(
-                DEAD_LETTERS_RETRY_BATCH,
-                &[(&after_seq, Type::INT8), (&batch_size, Type::INT8)],
-            )
-            .await?
-            .iter()
-            .map(|r| r.try_get(0))
-            .collect::<std::result::Result<_, _>>()?;
-        if !seqs.is_empty() {
-            // Wake the relays: these rows are claimable now.
-            tx.batch_execute(WAKE).await?;
-        }
-        tx.commit().await?;
-        let n = seqs.len() as u64;
-        after_seq = seqs.iter().copied().max().unwrap_or(after_seq);
-        if n > 0 {
-            progress.add_batch(n);
-            on_batch(progress);
-        }
-        if n < batch_size as u64 {
-            return Ok(progress.rows);
-        }
     }
 }
 
@@ -542,110 +746,6 @@ impl Retained {
             Retained::ProcessedEvents => CLEANUP_PROCESSED_EVENTS_COUNT,
         }
     }
-}
-
-/// Deletes rows processed (or discarded) more than `older_than` ago by the database's clock,
-/// `batch_size` rows per statement, each its own short transaction. Returns the number of rows
-/// deleted.
-pub async fn cleanup<C: GenericClient + Sync>(
-    client: &C,
-    older_than: Duration,
-    batch_size: i64,
-) -> Result<u64> {
-    cleanup_table(client, Retained::OutboxEvents, older_than, batch_size).await
-}
-
-/// Deletes the rows of `table` older than `older_than` (see [`Retained`]), `batch_size` rows per
-/// statement, until a statement deletes fewer. Returns the number of rows deleted.
-///
-/// The cutoff is `now() - older_than` computed by PostgreSQL in each statement, never from this
-/// machine's clock, which may be off: the times compared with it are the database's.
-pub async fn cleanup_table<C: GenericClient + Sync>(
-    client: &C,
-    table: Retained,
-    older_than: Duration,
-    batch_size: i64,
-) -> Result<u64> {
-    check_batch_size(batch_size)?;
-    let age = age_micros(older_than);
-    let mut total = 0;
-    loop {
-        let n = cleanup_step(client, table, age, batch_size).await?;
-        total += n;
-        if n < batch_size as u64 {
-            return Ok(total);
-        }
-    }
-}
-
-/// [`cleanup`] in `schema`: the schema version is checked in the first transaction, and each
-/// batch is a transaction of its own that sets the search_path first (see the module
-/// documentation).
-pub async fn cleanup_in(
-    client: &mut Client,
-    schema: Option<&str>,
-    older_than: Duration,
-    batch_size: i64,
-) -> Result<u64> {
-    cleanup_table_in(
-        client,
-        schema,
-        Retained::OutboxEvents,
-        older_than,
-        batch_size,
-        |_| {},
-    )
-    .await
-}
-
-/// [`cleanup_table`] in `schema` as [`cleanup_in`] runs it, telling `on_batch` after each
-/// committed batch (for progress output and counting). On an error the batches reported so far
-/// stay deleted.
-pub async fn cleanup_table_in(
-    client: &mut Client,
-    schema: Option<&str>,
-    table: Retained,
-    older_than: Duration,
-    batch_size: i64,
-    mut on_batch: impl FnMut(Progress),
-) -> Result<u64> {
-    check_batch_size(batch_size)?;
-    let age = age_micros(older_than);
-    let mut progress = Progress::default();
-    loop {
-        let tx = if progress.batches == 0 {
-            checked_transaction_in(client, schema).await?
-        } else {
-            transaction_in(client, schema).await?
-        };
-        let n = cleanup_step(&tx, table, age, batch_size).await?;
-        tx.commit().await?;
-        if n > 0 {
-            progress.add_batch(n);
-            on_batch(progress);
-        }
-        if n < batch_size as u64 {
-            return Ok(progress.rows);
-        }
-    }
-}
-
-/// How many rows [`cleanup_table_in`] with the same `table` and `older_than` would delete now,
-/// deleting nothing (`cleanup --dry-run`): the same cutoff, by the database's clock.
-pub async fn cleanup_count_in(
-    client: &mut Client,
-    schema: Option<&str>,
-    table: Retained,
-    older_than: Duration,
-) -> Result<u64> {
-    let age = age_micros(older_than);
-    let tx = checked_transaction_in(client, schema).await?;
-    let n: i64 = tx
-        .query_typed_one(table.count_sql(), &[(&age, Type::INT8)])
-        .await?
-        .try_get(0)?;
-    tx.commit().await?;
-    Ok(u64::try_from(n).unwrap_or(0))
 }
 
 /// Batched commands stop at the first batch smaller than `batch_size`: below 1 that would never

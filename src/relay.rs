@@ -197,9 +197,9 @@ impl Relay {
     async fn check_database(&self) -> Result<()> {
         let postgres = &self.settings.config.postgres;
         let mut client = crate::db::connect(postgres.url.expose(), "outbox-relay").await?;
-        let tx =
-            crate::ops::checked_transaction_in(&mut client, postgres.schema.as_deref()).await?;
-        tx.commit().await?;
+        crate::ops::Outbox::new(&mut client, self.settings.schema.clone())
+            .check()
+            .await?;
         // Before the first publish: the acks are timed on the database's clock.
         self.clock.measure(&client).await?;
         Ok(())
@@ -225,8 +225,12 @@ impl Relay {
             };
             handles.push(tokio::spawn(listener.run(tasks.clone())));
         }
+        let database = crate::background::Database {
+            url: postgres.url.clone(),
+            schema: self.settings.schema.clone(),
+        };
         handles.push(tokio::spawn(crate::background::stats(
-            postgres.clone(),
+            database.clone(),
             config.metrics.clone(),
             wal.then(|| self.settings.slot.clone()),
             self.metrics.clone(),
@@ -236,13 +240,13 @@ impl Relay {
         )));
         if config.retention.is_on() {
             handles.push(tokio::spawn(crate::background::retention(
-                postgres.clone(),
+                database,
                 config.retention.clone(),
                 self.metrics.clone(),
                 tasks.clone(),
             )));
         }
-        let session = Session::new(postgres.schema.as_deref(), postgres.prepared_statements);
+        let session = Session::new(self.settings.schema.as_ref(), postgres.prepared_statements);
         let store = || Store::new(postgres.url.expose().to_string(), session.clone());
         let result = if wal {
             let mut relay = crate::source::wal::WalSource {

@@ -342,7 +342,8 @@ pub(crate) async fn processed_span(client: &Client) -> Res<(i64, f64)> {
 /// its slot (after the database: slots are cluster-wide).
 pub(crate) async fn wal_slot_args(url: &str) -> Res<Vec<String>> {
     let mut client = pg_client(url).await;
-    outbox_relay::migrate::create_publication_in(&mut client, None)
+    outbox_relay::ops::Outbox::new(&mut client, None)
+        .create_publication()
         .await
         .map_err(|e| format!("create publication: {e}"))?;
     let slot = url.rsplit('/').next().unwrap_or("outbox_relay");

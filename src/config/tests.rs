@@ -86,13 +86,13 @@ fn derived_limits_come_from_the_batch_size() {
 #[test]
 fn the_slot_is_named_after_the_schema() {
     let mut c = RelayConfig::new("postgres://localhost/db");
-    assert_eq!(c.slot(), "outbox_relay");
+    assert_eq!(c.slot().expect("slot"), "outbox_relay");
     c.postgres.schema = Some("public".into());
-    assert_eq!(c.slot(), "outbox_relay");
+    assert_eq!(c.slot().expect("slot"), "outbox_relay");
     c.postgres.schema = Some("billing".into());
-    assert_eq!(c.slot(), "outbox_relay_billing");
+    assert_eq!(c.slot().expect("slot"), "outbox_relay_billing");
     c.wal.slot_name = Some("mine".into());
-    assert_eq!(c.slot(), "mine");
+    assert_eq!(c.slot().expect("slot"), "mine");
 }
 
 const SECRET: &str = "s3cret-Pa55";

@@ -65,7 +65,8 @@ impl Stored {
 /// `migrate --wal`'s publication in the database at `url`.
 pub async fn create_publication(url: &str) {
     let mut client = pg_client(url).await;
-    outbox_relay::migrate::create_publication_in(&mut client, None)
+    outbox_relay::ops::Outbox::new(&mut client, None)
+        .create_publication()
         .await
         .unwrap_or_else(|e| panic!("creating the publication in {url} failed: {e}"));
 }
@@ -75,7 +76,7 @@ pub async fn migrate_database(url: &str) {
     let mut client = pg_client(url).await;
     tokio::time::timeout(
         Duration::from_secs(60),
-        outbox_relay::migrate::migrate(&mut client),
+        outbox_relay::ops::Outbox::new(&mut client, None).migrate(),
     )
     .await
     .unwrap_or_else(|_| panic!("migrating {url} took longer than 60s"))

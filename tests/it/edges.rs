@@ -167,7 +167,8 @@ async fn pending_rows_never_share_a_seq() {
     )
     .await
     .expect("duplicates");
-    outbox_relay::migrate::migrate(&mut old)
+    outbox_relay::ops::Outbox::new(&mut old, None)
+        .migrate()
         .await
         .expect("migrate renumbers duplicates");
     let order: Vec<String> = old

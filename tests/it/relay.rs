@@ -3,6 +3,7 @@
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use outbox_relay::ops::Outbox;
 use outbox_relay::{enqueue, enqueue_many, migrate, NewEvent};
 use serde_json::json;
 use testkit::outbox::{assert_unique, cli, CliRelay, Env};
@@ -19,14 +20,15 @@ async fn migrate_is_idempotent_and_safe_concurrently() {
     let db = testkit::shared_pg().create_database().await;
     let mut a = testkit::pg_client(&db).await;
     let mut b = testkit::pg_client(&db).await;
-    let (ra, rb) = tokio::join!(migrate::migrate(&mut a), migrate::migrate(&mut b));
+    let (mut oa, mut ob) = (Outbox::new(&mut a, None), Outbox::new(&mut b, None));
+    let (ra, rb) = tokio::join!(oa.migrate(), ob.migrate());
     let (ra, rb) = (ra.expect("first migrate"), rb.expect("second migrate"));
     assert_eq!(
         ra.len() + rb.len(),
         migrate::MIGRATIONS.len(),
         "each version applied exactly once: {ra:?} {rb:?}"
     );
-    assert!(migrate::migrate(&mut a).await.expect("third").is_empty());
+    assert!(oa.migrate().await.expect("third").is_empty());
     let versions: i64 = a
         .query_one("SELECT count(*) FROM outbox_schema_migrations", &[])
         .await

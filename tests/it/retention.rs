@@ -89,14 +89,16 @@ async fn cleanup_deletes_old_processed_events_in_batches_and_skips_locked_ones()
 
     // The library call, as an application would schedule it.
     seed_processed(&client, 30, 0).await;
-    let deleted = outbox_relay::ops::cleanup_table(
-        &client,
-        outbox_relay::ops::Retained::ProcessedEvents,
-        Duration::from_secs(3600),
-        7,
-    )
-    .await
-    .expect("cleanup");
+    let mut lib = env.client().await;
+    let deleted = outbox_relay::ops::Outbox::new(&mut lib, None)
+        .cleanup_table(
+            outbox_relay::ops::Retained::ProcessedEvents,
+            Duration::from_secs(3600),
+            7,
+            |_| {},
+        )
+        .await
+        .expect("cleanup");
     assert_eq!(deleted, 30);
     assert_eq!(count_processed(&client, "true").await, 20);
 }
@@ -297,7 +299,7 @@ async fn the_cleanup_statement_uses_the_index() {
         .query(
             &format!(
                 "EXPLAIN (COSTS OFF) {}",
-                include_str!("../../sql/queries/cleanup_processed_events.sql")
+                include_str!("../../sql/queries/ops/cleanup_processed_events.sql")
             ),
             &[&age_micros, &1000_i64],
         )

@@ -655,13 +655,12 @@ async fn outboxes_in_two_schemas_stream_side_by_side() {
     let mut client = env.client().await;
     let mut relays = Vec::new();
     for schema in ["app_a", "app_b"] {
-        outbox_relay::migrate::migrate_in(&mut client, Some(schema))
-            .await
-            .expect("migrate");
-        let (publication, _) =
-            outbox_relay::migrate::create_publication_in(&mut client, Some(schema))
-                .await
-                .expect("publication");
+        let mut outbox = outbox_relay::ops::Outbox::new(
+            &mut client,
+            Some(outbox_relay::Schema::new(schema).expect("schema")),
+        );
+        outbox.migrate().await.expect("migrate");
+        let (publication, _) = outbox.create_publication().await.expect("publication");
         assert_eq!(publication, format!("outbox_relay_{schema}"));
         let config = {
             let mut config = env.config();

@@ -238,7 +238,8 @@ async fn a_repair_under_a_running_relay_makes_it_catch_up_what_no_stream_holds()
     env.insert_interleaved(5, 2).await;
     // At once, in this process (the relay checks the publication every few seconds).
     let mut client = env.client().await;
-    outbox_relay::migrate::create_publication_in(&mut client, None)
+    outbox_relay::ops::Outbox::new(&mut client, None)
+        .create_publication()
         .await
         .expect("migrate --wal");
     assert!(publishes_the_outbox(&admin).await);

@@ -14,13 +14,14 @@ use uuid::Uuid;
 use crate::config::Ordering;
 use crate::error::Result;
 use crate::event::OutboxEvent;
+use crate::schema::Schema;
 use crate::timestamp::Timestamp;
 
 const CLAIM_ORDERED: &str = include_str!("../../../sql/queries/table/claim_ordered.sql");
 const CLAIM_UNORDERED: &str = include_str!("../../../sql/queries/table/claim_unordered.sql");
 const RELEASE: &str = include_str!("../../../sql/queries/table/release.sql");
 const RECORD_FAILURES: &str = include_str!("../../../sql/queries/table/record_failures.sql");
-const WAKE: &str = include_str!("../../../sql/queries/wake.sql");
+const WAKE: &str = include_str!("../../../sql/queries/table/wake.sql");
 const BEGIN_CLAIM: &str = include_str!("../../../sql/queries/table/begin_claim.sql");
 
 /// A statement of the relay: prepared once per connection, or sent unnamed (parsed and planned
@@ -107,11 +108,11 @@ pub(crate) struct Session {
 }
 
 impl Session {
-    pub fn new(schema: Option<&str>, prepare: bool) -> Session {
-        // Plain lowercase identifiers only (`db::validate_schema`), quoted all the same.
-        let path = schema.map(|s| format!("{};\n", crate::db::set_local_search_path(s)));
+    pub fn new(schema: Option<&Schema>, prepare: bool) -> Session {
+        let path = schema.map(|s| format!("{};\n", s.set_local_search_path()));
+        // After the planner settings: the order of `SET LOCAL`s does not matter.
         let begin = match &path {
-            Some(path) => BEGIN_CLAIM.replacen("BEGIN;\n", &format!("BEGIN;\n{path}"), 1),
+            Some(path) => format!("{BEGIN_CLAIM}{path}"),
             None => BEGIN_CLAIM.to_string(),
         };
         Session {

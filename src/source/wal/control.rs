@@ -15,7 +15,7 @@ const WAL_LEAD: &str = include_str!("../../../sql/queries/wal/wal_lead.sql");
 const WAL_STATE: &str = include_str!("../../../sql/queries/wal/wal_state.sql");
 const CREATE_SLOT: &str = include_str!("../../../sql/queries/wal/create_slot.sql");
 const DROP_SLOT: &str = include_str!("../../../sql/queries/wal/drop_slot.sql");
-const CATCH_UP_AGAIN: &str = include_str!("../../../sql/queries/wal_catch_up_again.sql");
+const CATCH_UP_AGAIN: &str = include_str!("../../../sql/queries/wal/wal_catch_up_again.sql");
 const LISTEN: &str = include_str!("../../../sql/queries/wal/wal_listen.sql");
 const SLOT_CREATED: &str = include_str!("../../../sql/queries/wal/slot_created.sql");
 const SLOT_CAUGHT_UP: &str = include_str!("../../../sql/queries/wal/slot_caught_up.sql");
@@ -96,7 +96,7 @@ pub(crate) struct SlotInfo {
 }
 
 impl Control {
-    /// `url` carries the outbox's schema in its session (see `db::with_schema`).
+    /// `url` carries the outbox's schema in its session (see `Schema::session_url`).
     pub async fn connect(url: &str) -> Result<Control> {
         let (client, mut connection) =
             crate::db::connect_raw(url, "listen_database_url", "outbox-relay-wal").await?;

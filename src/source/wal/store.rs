@@ -21,7 +21,8 @@ use crate::source::table::store::{
 const CLAIM_IDS: &str = include_str!("../../../sql/queries/wal/claim_ids.sql");
 const LOCK_IDS: &str = include_str!("../../../sql/queries/wal/lock_ids.sql");
 const DELETE_PUBLISHED: &str = include_str!("../../../sql/queries/wal/delete_published.sql");
-const DELETE_PUBLISHED_IDS: &str = include_str!("../../../sql/queries/wal/delete_published_ids.sql");
+const DELETE_PUBLISHED_IDS: &str =
+    include_str!("../../../sql/queries/wal/delete_published_ids.sql");
 const ROW_STATES: &str = include_str!("../../../sql/queries/wal/row_states.sql");
 const PENDING_OF: &str = include_str!("../../../sql/queries/wal/pending_of.sql");
 const DEFER: &str = include_str!("../../../sql/queries/wal/defer.sql");
