@@ -80,76 +80,58 @@ pub enum HeaderFormat {
     Both,
 }
 
-/// A libpq connection string (URL or key=value). `Debug` shows its parsed parameters with the
-/// password replaced; [`DatabaseUrl::expose`] gives the string itself, for connecting.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct DatabaseUrl(String);
+/// A string that must not be printed as it is: `Debug` shows it through `$debug` (a redacted
+/// form), `expose()` gives the value to the one place that uses it.
+macro_rules! hidden_string {
+    ($(#[$doc:meta])* $name:ident, $expose:literal, $debug:expr) => {
+        $(#[$doc])*
+        #[derive(Clone, Default, PartialEq, Eq)]
+        pub struct $name(String);
 
-impl DatabaseUrl {
-    /// The connection string as given (with its password).
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
+        impl $name {
+            #[doc = $expose]
+            pub fn expose(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                let debug: fn(&str, &mut fmt::Formatter<'_>) -> fmt::Result = $debug;
+                debug(&self.0, f)
+            }
+        }
+
+        impl<S: Into<String>> From<S> for $name {
+            fn from(value: S) -> Self {
+                $name(value.into())
+            }
+        }
+    };
 }
 
-impl fmt::Debug for DatabaseUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&crate::db::redacted_url(&self.0), f)
-    }
-}
+hidden_string!(
+    /// A libpq connection string (URL or key=value). `Debug` shows its parsed parameters with the
+    /// password replaced; [`DatabaseUrl::expose`] gives the string itself, for connecting.
+    DatabaseUrl,
+    "The connection string as given (with its password).",
+    |url, f| fmt::Debug::fmt(&crate::db::redacted_url(url), f)
+);
 
-impl<S: Into<String>> From<S> for DatabaseUrl {
-    fn from(url: S) -> Self {
-        DatabaseUrl(url.into())
-    }
-}
+hidden_string!(
+    /// NATS server URLs, comma-separated (credentials in them are taken out and sent in the
+    /// connect options). `Debug` shows them with a password or token replaced.
+    NatsUrl,
+    "The URLs as given (with their credentials).",
+    |urls, f| fmt::Debug::fmt(&redacted_nats_url(urls), f)
+);
 
-/// NATS server URLs, comma-separated (credentials in them are taken out and sent in the connect
-/// options). `Debug` shows them with a password or token replaced.
-#[derive(Clone, PartialEq, Eq)]
-pub struct NatsUrl(String);
-
-impl NatsUrl {
-    /// The URLs as given (with their credentials).
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for NatsUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&redacted_nats_url(&self.0), f)
-    }
-}
-
-impl<S: Into<String>> From<S> for NatsUrl {
-    fn from(url: S) -> Self {
-        NatsUrl(url.into())
-    }
-}
-
-/// A password or token: `Debug` shows `***`, never the value.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    /// The secret itself, for the one place that sends it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(crate::db::conninfo::HIDDEN)
-    }
-}
-
-impl<S: Into<String>> From<S> for Secret {
-    fn from(secret: S) -> Self {
-        Secret(secret.into())
-    }
-}
+hidden_string!(
+    /// A password or token: `Debug` shows `***`, never the value.
+    Secret,
+    "The secret itself, for the one place that sends it.",
+    |_, f| f.write_str(crate::db::conninfo::HIDDEN)
+);
 
 /// PostgreSQL: where the outbox is and how to talk to it. TLS settings are the connection
 /// string's own (`sslmode`, `sslrootcert`, ...).

@@ -54,11 +54,13 @@ const DEAD_LETTERS_RETRY: &str = include_str!("../sql/queries/ops/dead_letters_r
 const DEAD_LETTERS_DISCARD: &str = include_str!("../sql/queries/ops/dead_letters_discard.sql");
 const WAKE: &str = include_str!("../sql/queries/table/wake.sql");
 const CLEANUP: &str = include_str!("../sql/queries/ops/cleanup.sql");
-const CLEANUP_PROCESSED_EVENTS: &str = include_str!("../sql/queries/ops/cleanup_processed_events.sql");
+const CLEANUP_PROCESSED_EVENTS: &str =
+    include_str!("../sql/queries/ops/cleanup_processed_events.sql");
 const CLEANUP_COUNT: &str = include_str!("../sql/queries/ops/cleanup_count.sql");
 const CLEANUP_PROCESSED_EVENTS_COUNT: &str =
     include_str!("../sql/queries/ops/cleanup_processed_events_count.sql");
-const DEAD_LETTERS_RETRY_BATCH: &str = include_str!("../sql/queries/ops/dead_letters_retry_batch.sql");
+const DEAD_LETTERS_RETRY_BATCH: &str =
+    include_str!("../sql/queries/ops/dead_letters_retry_batch.sql");
 const DEAD_LETTERS_RETRY_PREVIEW: &str =
     include_str!("../sql/queries/ops/dead_letters_retry_preview.sql");
 const BLOCKED_AGGREGATES: &str = include_str!("../sql/queries/ops/blocked_aggregates.sql");
