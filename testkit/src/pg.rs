@@ -419,6 +419,10 @@ impl PgCluster {
             for name in ["fsync", "synchronous_commit", "full_page_writes"] {
                 settings.push((name.into(), "off".into()));
             }
+            // With asynchronous commits the walsender sends a commit only once the WAL writer
+            // flushed it: every `wal_writer_delay` (200 ms by default), which the wal source's
+            // tests would wait for on every commit.
+            settings.push(("wal_writer_delay".into(), "10ms".into()));
         }
         settings.extend(self.opts.extra.iter().cloned());
         for (name, value) in settings {
