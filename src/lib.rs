@@ -19,6 +19,8 @@
 //! - [`Relay`]: runs the relay in the application's runtime; [`HealthReport`] and [`metrics`] for
 //!   its health checks and `/metrics`.
 //! - [`ops`]: status, dead letters, cleanup (the operator CLI and the relay's periodic tasks).
+//! - [`console`]: the operator console in the browser, as a router to mount (`outbox-relay
+//!   console` serves it).
 //! - [`error`]: the opaque [`Error`] with [`ErrorKind`] and predicates; [`connect`] and [`redact`]
 //!   (connections as the relay makes them; connection strings with passwords hidden).
 //!
@@ -57,6 +59,7 @@
 mod background;
 mod clock;
 pub mod config;
+pub mod console;
 pub mod consumer;
 mod db;
 pub mod error;
