@@ -128,6 +128,7 @@ pub(crate) fn start(
     tokio::spawn(async move {
         let started = Instant::now();
         let result = run(&app, action, &filter, upto, &state, started).await;
+        app.changed().await;
         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
         s.finished = true;
         s.elapsed = started.elapsed();

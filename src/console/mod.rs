@@ -31,7 +31,7 @@ mod routes;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::Client;
@@ -174,7 +174,14 @@ pub(crate) struct App {
     pub(crate) sessions: auth::Sessions,
     pub(crate) throttle: auth::Throttle,
     pub(crate) jobs: bulk::Jobs,
+    /// The last overview and when it was read: its counts scan every pending row (seconds on a
+    /// million dead letters), so browsers reloading it share one reading for [`OVERVIEW_FRESH`],
+    /// and only one reading runs at a time. Actions clear it.
+    overview: tokio::sync::Mutex<Option<(Instant, Arc<actions::Overview>)>>,
 }
+
+/// How long one reading of the overview serves every browser.
+const OVERVIEW_FRESH: Duration = Duration::from_secs(5);
 
 impl App {
     /// A connection of its own for one request, within `max_connections`.
@@ -185,6 +192,25 @@ impl App {
             .map_err(|_| Error::config("max_connections", "the console is shutting down"))?;
         let client = (self.database.connect)().await?;
         Ok((client, permit))
+    }
+
+    /// The overview, read again when the last reading is older than [`OVERVIEW_FRESH`].
+    pub(crate) async fn overview(&self) -> Result<Arc<actions::Overview>> {
+        let mut cached = self.overview.lock().await;
+        if let Some((at, overview)) = cached.as_ref() {
+            if at.elapsed() < OVERVIEW_FRESH {
+                return Ok(Arc::clone(overview));
+            }
+        }
+        let (mut client, _permit) = self.client().await?;
+        let overview = Arc::new(actions::overview(&mut client, self.schema()).await?);
+        *cached = Some((Instant::now(), Arc::clone(&overview)));
+        Ok(overview)
+    }
+
+    /// After an action: the next overview reads the database again.
+    pub(crate) async fn changed(&self) {
+        *self.overview.lock().await = None;
     }
 
     pub(crate) fn schema(&self) -> Option<&str> {
@@ -206,6 +232,7 @@ pub fn router(config: ConsoleConfig, database: Database) -> Result<axum::Router>
         sessions: auth::Sessions::default(),
         throttle: auth::Throttle::default(),
         jobs: bulk::Jobs::default(),
+        overview: tokio::sync::Mutex::new(None),
         database,
         config,
     });

@@ -114,12 +114,7 @@ async fn css() -> impl IntoResponse {
 }
 
 async fn overview(State(app): State<Arc<App>>, Extension(who): Extension<Identity>) -> Response {
-    let result = async {
-        let (mut client, _permit) = app.client().await?;
-        actions::overview(&mut client, app.schema()).await
-    }
-    .await;
-    match result {
+    match app.overview().await {
         Ok(o) => pages::overview(&app, &who, &o).into_response(),
         Err(e) => fail(&app, &who, &e),
     }
@@ -213,6 +208,7 @@ async fn apply(
         actions::apply(&mut client, app.schema(), action, ids).await
     }
     .await;
+    app.changed().await;
     let target = ids
         .iter()
         .map(Uuid::to_string)

@@ -781,3 +781,116 @@ fn console_usage_errors_exit_2_naming_the_flag() {
         assert!(err.contains("--listen"), "{err}");
     }
 }
+
+/// The dead-letter pages on a million dead letters (with a million published rows beside them):
+/// each page, deep or filtered, in under 200 ms. A measurement of a few minutes (the rows are
+/// written first): `cargo test --test it console::pages_on_a_million -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore = "a measurement: writes two million rows"]
+async fn pages_on_a_million_dead_letters() {
+    let _turn = testkit::heavy().await;
+    let db = shared_pg().create_migrated_database().await;
+    let client = testkit::pg_client(&db).await;
+    client
+        .batch_execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, processed_at)
+             SELECT 'order', 'done-' || g, 'order.created', jsonb_build_object('g', g),
+                    now() - (g % 120) * interval '1 minute'
+             FROM generate_series(1, 1000000) g;
+             INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, attempts,
+                                        last_error, dead_lettered_at)
+             SELECT CASE WHEN g % 10 = 0 THEN 'invoice' ELSE 'order' END, 'agg-' || g,
+                    CASE WHEN g % 1000 = 0 THEN 'rare.failed' ELSE 'type-' || (g % 20) || '.failed' END,
+                    jsonb_build_object('g', g, 'pad', repeat('x', 200)), 5,
+                    CASE WHEN g % 500 = 0 THEN 'stream refused: maximum payload exceeded'
+                         ELSE 'publish timed out after 5s' END,
+                    now() - (g % 1440) * interval '1 minute'
+             FROM generate_series(1, 1000000) g;
+             ANALYZE outbox_events;",
+        )
+        .await
+        .expect("seed");
+    let deep: i64 = client
+        .query_one(
+            "SELECT seq FROM outbox_events WHERE aggregate_id = 'agg-990000'",
+            &[],
+        )
+        .await
+        .expect("deep seq")
+        .get(0);
+    // What the overview reads, one statement at a time.
+    for (what, sql) in [
+        ("status", include_str!("../../sql/queries/status.sql")),
+        (
+            "blocked aggregates",
+            &include_str!("../../sql/queries/blocked_aggregates.sql").replace("$1", "20"),
+        ),
+        (
+            "published per minute",
+            include_str!("../../sql/queries/console/processed_per_minute.sql"),
+        ),
+        (
+            "relays",
+            include_str!("../../sql/queries/console/relays.sql"),
+        ),
+    ] {
+        let start = Instant::now();
+        client.simple_query(sql).await.expect(what);
+        println!("overview part, {what}: {:?}", start.elapsed());
+    }
+    let console = Console::start(&db, |_| {}).await;
+    let cookie = console.login().await;
+    let auth = [("cookie", cookie.as_str())];
+    let since = "2000-01-01";
+    let pages = [
+        ("first page", "/dead-letters".to_string()),
+        ("page at 990,000", format!("/dead-letters?after={deep}")),
+        (
+            "event type, 0.1% match",
+            "/dead-letters?event_type=rare.failed".to_string(),
+        ),
+        (
+            "event type, deep",
+            format!("/dead-letters?event_type=rare.failed&after={deep}"),
+        ),
+        (
+            "aggregate type",
+            "/dead-letters?aggregate_type=invoice".to_string(),
+        ),
+        (
+            "aggregate id",
+            "/dead-letters?aggregate_type=order&aggregate_id=agg-777777".to_string(),
+        ),
+        (
+            "error text, 0.2% match",
+            "/dead-letters?error=maximum+payload".to_string(),
+        ),
+        ("dead since", format!("/dead-letters?since={since}")),
+        ("overview", "/".to_string()),
+    ];
+    for (what, path) in &pages {
+        let mut times = Vec::new();
+        for _ in 0..5 {
+            let start = Instant::now();
+            let res = console.get(path, &auth).await;
+            times.push(start.elapsed());
+            assert_eq!(res.status, 200, "{what}: {}", res.body);
+        }
+        times.sort();
+        println!("{what}: median {:?}, max {:?}", times[2], times[4]);
+    }
+    for (what, filter) in [("count, event type", "rare.failed"), ("count, all", "")] {
+        let start = Instant::now();
+        let (cookie2, csrf) = console.session().await;
+        let origin = console.origin();
+        let res = console
+            .post(
+                "/dead-letters/bulk",
+                &[("cookie", &cookie2), ("origin", &origin)],
+                &[("csrf", &csrf), ("action", "retry"), ("event_type", filter)],
+            )
+            .await;
+        assert_eq!(res.status, 200);
+        println!("{what} (confirmation page): {:?}", start.elapsed());
+    }
+}
