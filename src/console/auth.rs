@@ -232,11 +232,7 @@ pub(crate) async fn guard(State(app): State<Arc<App>>, req: Request, next: Next)
     let path = req.uri().path().to_string();
 
     if path == "/login" {
-        return match *req.method() {
-            Method::GET => pages::login(&app, false).into_response(),
-            Method::POST => login(&app, req, addr).await,
-            _ => refuse(&app, StatusCode::METHOD_NOT_ALLOWED, "method not allowed"),
-        };
+        return next.run(req).await;
     }
 
     let token = app.config.token.expose().as_bytes();
@@ -282,8 +278,18 @@ pub(crate) async fn guard(State(app): State<Arc<App>>, req: Request, next: Next)
     next.run(req).await
 }
 
+/// GET /login: the form.
+pub(crate) async fn login_form(State(app): State<Arc<App>>) -> Response {
+    pages::login(&app, false).into_response()
+}
+
 /// POST /login: the token from the form; a session cookie on success.
-async fn login(app: &App, req: Request, addr: Option<SocketAddr>) -> Response {
+pub(crate) async fn login(State(app): State<Arc<App>>, req: Request) -> Response {
+    let app = &*app;
+    let addr = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0);
     if !same_origin(req.headers(), false) {
         return refuse(app, StatusCode::FORBIDDEN, "cross-site request refused");
     }

@@ -217,8 +217,12 @@ impl App {
         self.config.schema.as_deref()
     }
 
-    /// `path` under the console's base path.
+    /// `path` under the console's base path (its root is the base path itself: a router nested
+    /// at `/outbox` answers `/outbox`, not `/outbox/`).
     pub(crate) fn href(&self, path: &str) -> String {
+        if path == "/" && !self.config.base_path.is_empty() {
+            return self.config.base_path.clone();
+        }
         format!("{}{path}", self.config.base_path)
     }
 }

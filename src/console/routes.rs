@@ -33,6 +33,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/dead-letters/{id}", get(detail))
         .route("/dead-letters/{id}/{action}", post(one))
         .route("/jobs/{id}", get(job))
+        .route("/login", get(auth::login_form).post(auth::login))
         .route("/logout", post(auth::logout))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&app),

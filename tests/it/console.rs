@@ -894,3 +894,95 @@ async fn pages_on_a_million_dead_letters() {
         println!("{what} (confirmation page): {:?}", start.elapsed());
     }
 }
+
+/// Mounted under a prefix of an application's own router: links, redirects and the cookie stay
+/// under it.
+#[tokio::test]
+async fn mounted_under_a_prefix_everything_stays_under_it() {
+    let db = shared_pg().create_migrated_database().await;
+    let client = testkit::pg_client(&db).await;
+    let id = dead_letter(&client, "a1", "order.failed", "{}", "boom").await;
+    let mut config = ConsoleConfig::new(TOKEN);
+    config.base_path = "/outbox".into();
+    let app = axum::Router::new().nest(
+        "/outbox",
+        console::router(config, Database::url(&db)).expect("config"),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await;
+    });
+    let origin = format!("http://{addr}");
+    let res = send(addr, "GET", "/outbox", &[], "").await;
+    assert_eq!(res.status, 401);
+    assert!(
+        res.body.contains(r#"action="/outbox/login""#),
+        "{}",
+        res.body
+    );
+    let res = send(
+        addr,
+        "POST",
+        "/outbox/login",
+        &[
+            ("origin", &origin),
+            ("content-type", "application/x-www-form-urlencoded"),
+        ],
+        &format!("token={TOKEN}"),
+    )
+    .await;
+    assert_eq!(res.status, 303, "{}", res.body);
+    assert_eq!(res.header("location"), Some("/outbox"));
+    let overview = send(
+        addr,
+        "GET",
+        "/outbox",
+        &[("cookie", res.header("set-cookie").expect("cookie"))],
+        "",
+    )
+    .await;
+    assert_eq!(overview.status, 200, "{}", overview.body);
+    let cookie = res.header("set-cookie").expect("cookie");
+    assert!(cookie.contains("Path=/outbox;"), "{cookie}");
+    let cookie = cookie.split(';').next().expect("name=value").to_string();
+    let page = send(
+        addr,
+        "GET",
+        "/outbox/dead-letters",
+        &[("cookie", &cookie)],
+        "",
+    )
+    .await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page
+        .body
+        .contains(&format!(r#"href="/outbox/dead-letters/{id}""#)));
+    assert!(page.body.contains(r#"href="/outbox/static/console.css""#));
+    let csrf = field(&page.body, "csrf").expect("csrf");
+    let res = send(
+        addr,
+        "POST",
+        &format!("/outbox/dead-letters/{id}/discard"),
+        &[
+            ("cookie", &cookie),
+            ("origin", &origin),
+            ("content-type", "application/x-www-form-urlencoded"),
+        ],
+        &format!("csrf={csrf}"),
+    )
+    .await;
+    assert_eq!(res.status, 303, "{}", res.body);
+    assert_eq!(
+        res.header("location"),
+        Some(format!("/outbox/dead-letters/{id}?done=discard&n=1").as_str())
+    );
+    assert!(!is_dead(&client, id).await);
+    server.abort();
+}
