@@ -986,3 +986,111 @@ async fn mounted_under_a_prefix_everything_stays_under_it() {
     assert!(!is_dead(&client, id).await);
     server.abort();
 }
+
+/// The role the README names is enough: the console as a role with only what `migrate
+/// --grant-relay` grants, in a `--schema` of its own, reads every page and retries and discards
+/// (bearer caller: no browser, no CSRF token).
+#[tokio::test]
+async fn the_relay_role_is_enough_in_a_schema_of_its_own() {
+    let db = shared_pg().create_migrated_database().await;
+    let admin = testkit::pg_client(&db).await;
+    let role = format!("c_{}", db.rsplit('/').next().expect("db name"));
+    admin
+        .batch_execute(&format!("CREATE ROLE {role} LOGIN"))
+        .await
+        .expect("role");
+    let out = testkit::relay_command()
+        .args(["migrate", "--schema", "ops_console", "--grant-relay", &role])
+        .env("DATABASE_URL", &db)
+        .output()
+        .expect("migrate");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(
+            admin
+                .query_one(
+                    "INSERT INTO ops_console.outbox_events (aggregate_type, aggregate_id, event_type,
+                         payload, attempts, last_error, dead_lettered_at)
+                     VALUES ('order', $1, 'order.failed', '{}', 5, 'boom', now()) RETURNING id",
+                    &[&format!("s{i}")],
+                )
+                .await
+                .expect("dead letter")
+                .get::<_, Uuid>(0),
+        );
+    }
+    let role_url = db.replacen("postgres://postgres@", &format!("postgres://{role}@"), 1);
+    assert_ne!(role_url, db, "the test cluster's URL names its superuser");
+    let console = Console::start(&role_url, |c| c.schema = Some("ops_console".into())).await;
+    let bearer = format!("Bearer {TOKEN}");
+    let auth = [("authorization", bearer.as_str())];
+    for path in [
+        "/".to_string(),
+        "/dead-letters?error=boom".to_string(),
+        format!("/dead-letters/{}", ids[0]),
+    ] {
+        let res = console.get(&path, &auth).await;
+        assert_eq!(res.status, 200, "GET {path}: {}", res.body);
+        assert!(
+            res.body.contains("order.failed"),
+            "GET {path}: {}",
+            res.body
+        );
+    }
+    let res = console
+        .post(&format!("/dead-letters/{}/retry", ids[0]), &auth, &[])
+        .await;
+    assert_eq!(res.status, 303, "{}", res.body);
+    let res = console
+        .post(
+            "/dead-letters/bulk",
+            &auth,
+            &[("action", "discard"), ("aggregate_type", "order")],
+        )
+        .await;
+    assert_eq!(res.status, 200, "{}", res.body);
+    assert!(
+        res.body
+            .contains(r#"<strong id="confirm-count">2</strong>"#),
+        "{}",
+        res.body
+    );
+    let upto = field(&res.body, "upto").expect("upto");
+    let res = console
+        .post(
+            "/dead-letters/bulk",
+            &auth,
+            &[
+                ("action", "discard"),
+                ("aggregate_type", "order"),
+                ("confirm", "yes"),
+                ("upto", &upto),
+                ("expected", "2"),
+            ],
+        )
+        .await;
+    assert_eq!(res.status, 303, "{}", res.body);
+    let job = res.header("location").expect("job").to_string();
+    wait_until("the discard done", Duration::from_secs(30), || async {
+        let page = console.get(&job, &auth).await;
+        assert!(!page.body.contains("Failed"), "{}", page.body);
+        page.body.contains("Done: 2 dead letters discarded")
+    })
+    .await;
+    let states: Vec<(bool, bool)> = admin
+        .query(
+            "SELECT dead_lettered_at IS NULL, discarded_at IS NOT NULL FROM ops_console.outbox_events ORDER BY seq",
+            &[],
+        )
+        .await
+        .expect("states")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(states, [(true, false), (false, true), (false, true)]);
+}
