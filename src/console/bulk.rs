@@ -73,7 +73,7 @@ pub(crate) fn audit(
             target: "outbox_relay::console::audit",
             action = action.name(),
             scope,
-            target,
+            dead_letters = target,
             rows,
             client_addr = from,
             "console action"
@@ -82,7 +82,7 @@ pub(crate) fn audit(
             target: "outbox_relay::console::audit",
             action = action.name(),
             scope,
-            target,
+            dead_letters = target,
             rows,
             client_addr = from,
             error,

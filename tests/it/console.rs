@@ -1094,3 +1094,139 @@ async fn the_relay_role_is_enough_in_a_schema_of_its_own() {
         .collect();
     assert_eq!(states, [(true, false), (false, true), (false, true)]);
 }
+
+/// The binary's log: the audit line of each action (what, how many, from which address), the
+/// refusals, and neither the token nor the database password, in the log or in any page.
+#[tokio::test]
+async fn the_binary_logs_each_action_and_no_secret() {
+    let db = shared_pg().create_migrated_database().await;
+    let client = testkit::pg_client(&db).await;
+    let id = dead_letter(&client, "a1", "order.failed", "{}", "boom").await;
+    // The test cluster trusts local connections: the password is carried, never checked.
+    let password = "pw-never-shown-4242";
+    let url = db.replacen(
+        "postgres://postgres@",
+        &format!("postgres://postgres:{password}@"),
+        1,
+    );
+    assert_ne!(url, db);
+    let addr = testkit::free_addr();
+    let log = std::env::temp_dir().join(format!(
+        "outbox-console-{}-{}.log",
+        std::process::id(),
+        addr.port()
+    ));
+    let mut cmd = testkit::relay_command();
+    cmd.args([
+        "--log-format",
+        "json",
+        "console",
+        "--listen",
+        &addr.to_string(),
+    ])
+    .env("DATABASE_URL", &url)
+    .env("OUTBOX_CONSOLE_TOKEN", TOKEN)
+    .env("RUST_LOG", "info")
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::null())
+    .stderr(std::fs::File::create(&log).expect("log file"));
+    let process = testkit::RelayProcess::spawn("console", cmd, Some(log.clone())).expect("spawn");
+    wait_until("the console listening", Duration::from_secs(20), || async {
+        tokio::net::TcpStream::connect(addr).await.is_ok()
+    })
+    .await;
+    let origin = format!("http://{addr}");
+    let form = [
+        ("origin", origin.as_str()),
+        ("content-type", "application/x-www-form-urlencoded"),
+    ];
+    let wrong = send(
+        addr,
+        "POST",
+        "/login",
+        &form,
+        "token=console-test-token-0123456789abcdeX",
+    )
+    .await;
+    assert_eq!(wrong.status, 401);
+    let res = send(addr, "POST", "/login", &form, &format!("token={TOKEN}")).await;
+    assert_eq!(res.status, 303);
+    let cookie = res
+        .header("set-cookie")
+        .expect("cookie")
+        .split(';')
+        .next()
+        .expect("pair")
+        .to_string();
+    let mut bodies = Vec::new();
+    for path in [
+        "/".to_string(),
+        "/dead-letters".to_string(),
+        format!("/dead-letters/{id}"),
+    ] {
+        let page = send(addr, "GET", &path, &[("cookie", &cookie)], "").await;
+        assert_eq!(page.status, 200, "{}", page.body);
+        bodies.push(page.body);
+    }
+    let csrf = field(&bodies[1], "csrf").expect("csrf");
+    let mut with_cookie = form.to_vec();
+    with_cookie.push(("cookie", &cookie));
+    let res = send(
+        addr,
+        "POST",
+        &format!("/dead-letters/{id}/retry"),
+        &with_cookie,
+        &format!("csrf={csrf}"),
+    )
+    .await;
+    assert_eq!(res.status, 303, "{}", res.body);
+    let cross = [
+        ("origin", "http://evil.example"),
+        ("cookie", cookie.as_str()),
+    ];
+    assert_eq!(
+        send(
+            addr,
+            "POST",
+            &format!("/dead-letters/{id}/discard"),
+            &cross,
+            ""
+        )
+        .await
+        .status,
+        403
+    );
+    assert_eq!(process.stop().await, None, "a clean exit on SIGTERM");
+    let text = std::fs::read_to_string(&log).expect("the log");
+    for line in [
+        "console listening",
+        "console: wrong token",
+        "console: logged in",
+        "console: cross-site POST refused",
+    ] {
+        assert!(text.contains(line), "no {line:?} in the log: {text}");
+    }
+    let audit = text
+        .lines()
+        .find(|l| l.contains("console action"))
+        .unwrap_or_else(|| panic!("no audit line: {text}"));
+    let on = format!(r#""dead_letters":"{id}""#);
+    for part in [
+        r#""action":"retry""#,
+        r#""rows":1"#,
+        r#""client_addr":"127.0.0.1:"#,
+        on.as_str(),
+    ] {
+        assert!(
+            audit.contains(part),
+            "{part} not in the audit line: {audit}"
+        );
+    }
+    for secret in [TOKEN, password] {
+        assert!(!text.contains(secret), "the log holds a secret: {text}");
+        for body in &bodies {
+            assert!(!body.contains(secret), "a page holds a secret");
+        }
+    }
+    let _ = std::fs::remove_file(&log);
+}
