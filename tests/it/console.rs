@@ -1230,3 +1230,106 @@ async fn the_binary_logs_each_action_and_no_secret() {
     }
     let _ = std::fs::remove_file(&log);
 }
+
+/// The selected rows: confirmed first (their count), then retried in one transaction.
+#[tokio::test]
+async fn the_selected_dead_letters_are_retried_after_confirming() {
+    let db = shared_pg().create_migrated_database().await;
+    let client = testkit::pg_client(&db).await;
+    let a = dead_letter(&client, "a", "order.failed", "{}", "boom").await;
+    let b = dead_letter(&client, "b", "order.failed", "{}", "boom").await;
+    let c = dead_letter(&client, "c", "order.failed", "{}", "boom").await;
+    let console = Console::start(&db, |_| {}).await;
+    let (cookie, csrf) = console.session().await;
+    let origin = console.origin();
+    let headers = [("cookie", cookie.as_str()), ("origin", origin.as_str())];
+    let (a_s, c_s) = (a.to_string(), c.to_string());
+    let ask = console
+        .post(
+            "/dead-letters/selected",
+            &headers,
+            &[
+                ("csrf", &csrf),
+                ("action", "retry"),
+                ("id", &a_s),
+                ("id", &c_s),
+            ],
+        )
+        .await;
+    assert_eq!(ask.status, 200, "{}", ask.body);
+    assert!(
+        ask.body
+            .contains(r#"<strong id="confirm-count">2</strong>"#),
+        "{}",
+        ask.body
+    );
+    assert!(
+        is_dead(&client, a).await && is_dead(&client, c).await,
+        "asking changes nothing"
+    );
+    let go = console
+        .post(
+            "/dead-letters/selected",
+            &headers,
+            &[
+                ("csrf", &csrf),
+                ("action", "retry"),
+                ("confirm", "yes"),
+                ("id", &a_s),
+                ("id", &c_s),
+            ],
+        )
+        .await;
+    assert_eq!(go.status, 303, "{}", go.body);
+    assert_eq!(go.header("location"), Some("/dead-letters?done=retry&n=2"));
+    assert!(!is_dead(&client, a).await && !is_dead(&client, c).await);
+    assert!(is_dead(&client, b).await, "not selected");
+    let page = console
+        .get("/dead-letters?done=retry&n=2", &[("cookie", &cookie)])
+        .await;
+    assert!(
+        page.body.contains("Retried 2 dead letters."),
+        "{}",
+        page.body
+    );
+    // A selection naming one that is no dead letter any more changes nothing (all or none).
+    let again = console
+        .post(
+            "/dead-letters/selected",
+            &headers,
+            &[
+                ("csrf", &csrf),
+                ("action", "discard"),
+                ("confirm", "yes"),
+                ("id", &a_s),
+                ("id", &b.to_string()),
+            ],
+        )
+        .await;
+    assert_eq!(again.status, 409, "{}", again.body);
+    assert!(is_dead(&client, b).await, "all or none");
+}
+
+/// For `--source wal`, the overview shows each slot: streaming or not, `wal_status`, WAL retained.
+#[tokio::test]
+async fn the_overview_shows_the_wal_slots() {
+    let env = Env::new().await;
+    let config = env.source_config(outbox_relay::Source::Wal).await;
+    drop(config);
+    let console = Console::start(&env.db, |_| {}).await;
+    let bearer = format!("Bearer {TOKEN}");
+    let res = console.get("/", &[("authorization", &bearer)]).await;
+    assert_eq!(res.status, 200, "{}", res.body);
+    let slots = res
+        .body
+        .split_once(r#"<table id="wal-slots">"#)
+        .expect("the slots table")
+        .1;
+    let row = &slots[..slots.find("</table>").expect("end")];
+    assert!(
+        row.contains(&format!("<td>{}</td>", env.slot_name())),
+        "{row}"
+    );
+    assert!(row.contains("<td>no</td>"), "not streaming: {row}");
+    assert!(row.contains("<td>reserved</td>"), "wal_status: {row}");
+}
