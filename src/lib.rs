@@ -21,6 +21,8 @@
 //!   its health checks and `/metrics`.
 //! - [`ops`]: [`ops::Outbox`], the operations handle: migrate, grants, the publication, status,
 //!   dead letters, cleanup (the operator CLI and the relay's periodic tasks).
+//! - [`console`]: the operator console in the browser, as a router to mount (`outbox-relay
+//!   console` serves it).
 //! - [`error`]: the opaque [`Error`] with [`ErrorKind`] and predicates; [`connect`] and [`redact`]
 //!   (connections as the relay makes them; connection strings with passwords hidden).
 //!
@@ -59,6 +61,7 @@
 mod background;
 mod clock;
 pub mod config;
+pub mod console;
 pub mod consumer;
 mod db;
 pub mod error;

@@ -102,7 +102,7 @@ impl<'c> Outbox<'c> {
     }
 
     /// [`Outbox::transaction`], after checking in it that the schema is there and current.
-    async fn checked_transaction(&mut self) -> Result<Transaction<'_>> {
+    pub(crate) async fn checked_transaction(&mut self) -> Result<Transaction<'_>> {
         let tx = self.transaction().await?;
         migrate::check_schema(&tx).await?;
         Ok(tx)
@@ -473,7 +473,7 @@ pub struct Status {
 }
 
 /// The status of the outbox in the connection's current search_path.
-async fn read_status<C: GenericClient + Sync>(client: &C) -> Result<Status> {
+pub(crate) async fn read_status<C: GenericClient + Sync>(client: &C) -> Result<Status> {
     let row = client.query_typed_one(STATUS, &[]).await?;
     Ok(Status {
         pending: row.get("pending"),
@@ -513,7 +513,7 @@ pub struct WalSlot {
 
 /// The replication slots of `--source wal` this outbox's relays created (none before schema
 /// version 5, or without `--source wal`).
-async fn read_wal_slots<C: GenericClient + Sync>(client: &C) -> Result<Vec<WalSlot>> {
+pub(crate) async fn read_wal_slots<C: GenericClient + Sync>(client: &C) -> Result<Vec<WalSlot>> {
     let present: bool = client.query_typed_one(WAL_PRESENT, &[]).await?.get(0);
     if !present {
         return Ok(Vec::new());
@@ -556,7 +556,7 @@ pub struct BlockedAggregate {
 }
 
 /// Up to `limit` blocked aggregates, oldest dead letter first.
-async fn read_blocked_aggregates<C: GenericClient + Sync>(
+pub(crate) async fn read_blocked_aggregates<C: GenericClient + Sync>(
     client: &C,
     limit: i64,
 ) -> Result<Vec<BlockedAggregate>> {

@@ -10,6 +10,7 @@
 //! test process even when their owning value is never dropped (statics) or the
 //! process is killed.
 
+pub mod browser;
 pub mod charts;
 pub mod faketime;
 mod nats;

@@ -46,6 +46,8 @@ mod arbitrary_rows;
 mod cli;
 mod clock;
 mod cluster;
+mod console;
+mod console_browser;
 mod deploy_files;
 mod edges;
 mod faults;

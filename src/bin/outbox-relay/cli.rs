@@ -149,6 +149,13 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Serve the operator console (a web application: status, blocked aggregates, dead letters,
+    /// retry and discard) until SIGTERM/SIGINT.
+    ///
+    /// Every request needs the token: from --token-file, else from OUTBOX_CONSOLE_TOKEN (at least
+    /// 16 characters; never a flag, which other users could read in the process list). The
+    /// database role needs what `migrate --grant-relay ROLE` grants.
+    Console(ConsoleArgs),
     /// Print a shell completion script to stdout (for example
     /// `outbox-relay completions bash > /etc/bash_completion.d/outbox-relay`).
     Completions {
@@ -165,6 +172,27 @@ pub enum Command {
         #[arg(long, value_name = "DIR")]
         out_dir: Option<PathBuf>,
     },
+}
+
+/// `console`: where it listens, the token, read-only.
+#[derive(Debug, Clone, Args)]
+pub struct ConsoleArgs {
+    /// Address to listen on. The default is reachable from this machine only; bound anywhere
+    /// else, put TLS in front of it (a reverse proxy that keeps the Host header).
+    #[arg(
+        long,
+        env = "OUTBOX_CONSOLE_LISTEN",
+        default_value = "127.0.0.1:9465",
+        value_name = "ADDR"
+    )]
+    pub listen: SocketAddr,
+    /// File holding the token (surrounding whitespace ignored). Without it the token comes from
+    /// OUTBOX_CONSOLE_TOKEN.
+    #[arg(long, env = "OUTBOX_CONSOLE_TOKEN_FILE", value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+    /// Show only: hide and refuse every action (retry, discard).
+    #[arg(long, env = "OUTBOX_CONSOLE_READ_ONLY")]
+    pub read_only: bool,
 }
 
 #[derive(Debug, Subcommand)]

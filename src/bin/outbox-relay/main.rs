@@ -2,6 +2,7 @@
 //! failure, 2 usage error (the message names the flag).
 
 mod cli;
+mod console_server;
 mod progress;
 mod telemetry;
 
@@ -379,6 +380,9 @@ async fn execute(cli: Cli) -> Result<(), Error> {
                 }
             }
             Ok(())
+        }
+        Command::Console(args) => {
+            console_server::serve(raw_database_url(&cli)?, schema(&cli)?, args).await
         }
         Command::Completions { .. } | Command::Man { .. } => Ok(()),
     }

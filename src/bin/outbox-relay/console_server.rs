@@ -1,0 +1,62 @@
+//! `outbox-relay console`: the library's console router on a listener of its own, until
+//! SIGTERM/SIGINT.
+
+use std::net::SocketAddr;
+
+use outbox_relay::console::{self, ConsoleConfig, Database};
+use outbox_relay::Error;
+
+use crate::cli::ConsoleArgs;
+
+/// The token: the file's content, else `OUTBOX_CONSOLE_TOKEN`. Never logged.
+fn token(args: &ConsoleArgs) -> Result<String, Error> {
+    match &args.token_file {
+        Some(path) => std::fs::read_to_string(path)
+            .map(|t| t.trim().to_string())
+            .map_err(|e| {
+                Error::config("token_file", format!("cannot read {}: {e}", path.display()))
+            }),
+        None => match std::env::var("OUTBOX_CONSOLE_TOKEN") {
+            Ok(t) if !t.trim().is_empty() => Ok(t.trim().to_string()),
+            _ => Err(Error::config(
+                "token_file",
+                "is required (or set OUTBOX_CONSOLE_TOKEN): every request must present the token",
+            )),
+        },
+    }
+}
+
+pub async fn serve(
+    database_url: String,
+    schema: Option<outbox_relay::Schema>,
+    args: &ConsoleArgs,
+) -> Result<(), Error> {
+    let mut config = ConsoleConfig::new(token(args)?);
+    config.schema = schema.map(|s| s.as_str().to_string());
+    config.read_only = args.read_only;
+    // A bad token is the flag's (or the variable's) fault: name what the operator sets.
+    config.validate().map_err(|e| match e.config_field() {
+        Some(("token", message)) => Error::config("token_file", message.to_string()),
+        _ => e,
+    })?;
+    let app = console::router(config, Database::url(database_url))?;
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    let addr = listener.local_addr()?;
+    if !addr.ip().is_loopback() {
+        tracing::warn!(
+            listen = %addr,
+            "the console listens beyond this machine: put TLS in front of it (the token and the session cookie travel in clear otherwise)"
+        );
+    }
+    tracing::info!(listen = %addr, read_only = args.read_only, "console listening");
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async {
+        crate::wait_for_signal().await;
+        tracing::info!("shutdown requested");
+    })
+    .await?;
+    Ok(())
+}

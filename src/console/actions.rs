@@ -1,0 +1,167 @@
+//! Every database call of the console, in one place: reads in a transaction of their own that
+//! sets the search_path and checks the schema version (`ops::Outbox`'s checked transaction), and the
+//! changes through the operator commands' own functions (`ops`), so that the console retries and
+//! discards exactly as `outbox-relay dead-letters` does (same statements, same wake-up of the
+//! relays, same order rules).
+
+use tokio_postgres::Client;
+use uuid::Uuid;
+
+use super::queries::{self, Detail, Filter, Follower, ListedDeadLetter, RelayConnection};
+use crate::error::Result;
+use crate::ops::{self, Outbox};
+use crate::schema::Schema;
+
+/// Blocked aggregates the overview lists at most.
+const BLOCKED_LISTED: i64 = 20;
+/// Followers the detail view lists at most.
+const FOLLOWERS_LISTED: i64 = 50;
+
+/// The operations handle on `client` for the console's schema (checked when the console was
+/// built; checked again here, which costs nothing).
+fn outbox<'c>(client: &'c mut Client, schema: Option<&str>) -> Result<Outbox<'c>> {
+    Ok(Outbox::new(client, Schema::optional(schema)?))
+}
+
+/// What the overview shows.
+pub(crate) struct Overview {
+    pub(crate) status: ops::Status,
+    pub(crate) blocked: Vec<ops::BlockedAggregate>,
+    pub(crate) wal_slots: Vec<ops::WalSlot>,
+    pub(crate) per_minute: [i64; 60],
+    pub(crate) relays: Vec<RelayConnection>,
+}
+
+/// The overview, read in one transaction.
+pub(crate) async fn overview(client: &mut Client, schema: Option<&str>) -> Result<Overview> {
+    let mut outbox = outbox(client, schema)?;
+    let tx = outbox.checked_transaction().await?;
+    let overview = Overview {
+        status: ops::read_status(&tx).await?,
+        blocked: ops::read_blocked_aggregates(&tx, BLOCKED_LISTED).await?,
+        wal_slots: ops::read_wal_slots(&tx).await?,
+        per_minute: queries::per_minute(&tx).await?,
+        relays: queries::relays(&tx).await?,
+    };
+    tx.commit().await?;
+    Ok(overview)
+}
+
+/// One page of the dead-letter list.
+pub(crate) async fn page(
+    client: &mut Client,
+    schema: Option<&str>,
+    filter: &Filter,
+    after: i64,
+    limit: i64,
+) -> Result<Vec<ListedDeadLetter>> {
+    let mut outbox = outbox(client, schema)?;
+    let tx = outbox.checked_transaction().await?;
+    let rows = queries::page(&tx, filter, after, limit).await?;
+    tx.commit().await?;
+    Ok(rows)
+}
+
+/// How many dead letters match, and the highest seq among them.
+pub(crate) async fn count(
+    client: &mut Client,
+    schema: Option<&str>,
+    filter: &Filter,
+) -> Result<(i64, Option<i64>)> {
+    let mut outbox = outbox(client, schema)?;
+    let tx = outbox.checked_transaction().await?;
+    let counted = queries::count(&tx, filter).await?;
+    tx.commit().await?;
+    Ok(counted)
+}
+
+/// The next batch of a bulk action: ids in seq order, and the highest seq.
+pub(crate) async fn batch(
+    client: &mut Client,
+    schema: Option<&str>,
+    filter: &Filter,
+    after: i64,
+    upto: i64,
+    limit: i64,
+) -> Result<Vec<(Uuid, i64)>> {
+    let mut outbox = outbox(client, schema)?;
+    let tx = outbox.checked_transaction().await?;
+    let ids = queries::batch(&tx, filter, after, upto, limit).await?;
+    tx.commit().await?;
+    Ok(ids)
+}
+
+/// One event with (up to 50 of) the pending events of its aggregate behind it and their count.
+pub(crate) async fn detail(
+    client: &mut Client,
+    schema: Option<&str>,
+    id: Uuid,
+) -> Result<Option<(Detail, Vec<Follower>, i64)>> {
+    let mut outbox = outbox(client, schema)?;
+    let tx = outbox.checked_transaction().await?;
+    let found = match queries::detail(&tx, id).await? {
+        Some(d) => {
+            let (list, total) = queries::followers(
+                &tx,
+                &d.aggregate_type,
+                &d.aggregate_id,
+                d.seq,
+                FOLLOWERS_LISTED,
+            )
+            .await?;
+            Some((d, list, total))
+        }
+        None => None,
+    };
+    tx.commit().await?;
+    Ok(found)
+}
+
+/// What an action does to the dead letters it touches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Action {
+    /// A fresh set of attempts (`dead-letters retry`).
+    Retry,
+    /// Given up for good (`dead-letters discard`).
+    Discard,
+}
+
+impl Action {
+    pub(crate) fn parse(s: &str) -> Option<Action> {
+        match s {
+            "retry" => Some(Action::Retry),
+            "discard" => Some(Action::Discard),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Action::Retry => "retry",
+            Action::Discard => "discard",
+        }
+    }
+
+    pub(crate) fn past(self) -> &'static str {
+        match self {
+            Action::Retry => "retried",
+            Action::Discard => "discarded",
+        }
+    }
+}
+
+/// `action` on the named dead letters, all in one transaction (none when one of them is not a
+/// dead letter any more): `dead-letters retry|discard ID...`.
+pub(crate) async fn apply(
+    client: &mut Client,
+    schema: Option<&str>,
+    action: Action,
+    ids: &[Uuid],
+) -> Result<u64> {
+    let mut outbox = outbox(client, schema)?;
+    let changed = match action {
+        Action::Retry => outbox.retry_dead_letters(Some(ids)).await?,
+        Action::Discard => outbox.discard_dead_letters(ids).await?,
+    };
+    Ok(changed.len() as u64)
+}

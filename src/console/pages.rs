@@ -1,0 +1,756 @@
+//! The console's HTML, rendered on the server. Every value from the database or the request goes
+//! through [`esc`]: a payload, header, error text or aggregate id holding markup, quotes or
+//! control characters shows as text, in element content and in attributes alike.
+
+use std::fmt::Write as _;
+
+use axum::http::StatusCode;
+use axum::response::Html;
+use uuid::Uuid;
+
+use super::actions::{Action, Overview};
+use super::auth::Identity;
+use super::bulk::JobState;
+use super::queries::{Detail, Filter, Follower, ListedDeadLetter};
+use super::App;
+use crate::timestamp::Timestamp;
+
+/// The stylesheet (served at `/static/console.css`; the policy allows no inline style).
+pub(crate) const CSS: &str = "\
+body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
+header{background:#1d2330;color:#fff;padding:.6em 1.2em;display:flex;gap:1.5em;align-items:center}
+header a{color:#cfe0ff;text-decoration:none}header .ro{color:#ffd27a}
+header form{margin-left:auto}main{padding:1em 1.2em;max-width:1200px}
+h1{font-size:1.4em;margin:.2em 0 .6em}h2{font-size:1.1em;margin:1.2em 0 .4em}
+table{border-collapse:collapse;background:#fff;width:100%}
+th,td{border:1px solid #dde1e7;padding:.3em .5em;text-align:left;vertical-align:top}
+th{background:#eef1f5}td.n{text-align:right;font-variant-numeric:tabular-nums}
+.cards{display:flex;gap:1em;flex-wrap:wrap}.card{background:#fff;border:1px solid #dde1e7;padding:.6em 1em;min-width:9em}
+.card b{display:block;font-size:1.6em}.warn b{color:#b3261e}
+pre{background:#fff;border:1px solid #dde1e7;padding:.6em;white-space:pre-wrap;word-break:break-all}
+.err{color:#b3261e;white-space:pre-wrap;overflow-wrap:anywhere}td.t{white-space:nowrap}
+form.filter{display:flex;gap:.6em;flex-wrap:wrap;align-items:end;margin-bottom:1em}
+form.filter label{display:flex;flex-direction:column;font-size:.85em}
+.notice{background:#e5f4e8;border:1px solid #9bd1a5;padding:.5em 1em;margin-bottom:1em}
+.problem{background:#fbe9e7;border:1px solid #e6a39b;padding:.5em 1em;margin-bottom:1em}
+.actions{display:flex;gap:.6em;margin:.6em 0}button{cursor:pointer}
+button.danger{background:#b3261e;color:#fff;border:0;padding:.35em .9em}
+.bar{fill:#3d6fd6}.axis{stroke:#99a}svg text{font-size:10px;fill:#556}
+";
+
+/// `s` as HTML text (content or attribute value): markup and quotes escaped, control characters
+/// (but newline and tab) shown as `\u{..}`.
+pub(crate) fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            '\n' | '\t' => out.push(c),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `n` with thousands separators.
+fn num(n: impl Into<i128>) -> String {
+    let n: i128 = n.into();
+    let digits = n.unsigned_abs().to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0 {
+        out.insert(0, '-');
+    }
+    out
+}
+
+fn ts(t: &Timestamp) -> String {
+    esc(&t.to_string())
+}
+
+fn opt_ts(t: Option<&Timestamp>) -> String {
+    t.map(ts).unwrap_or_else(|| "–".into())
+}
+
+fn age(seconds: f64) -> String {
+    let s = seconds.max(0.0) as u64;
+    match s {
+        0..=119 => format!("{s} s"),
+        120..=7199 => format!("{} min", s / 60),
+        7200..=172_799 => format!("{} h", s / 3600),
+        _ => format!("{} d", s / 86_400),
+    }
+}
+
+fn bytes(b: f64) -> String {
+    let b = b.max(0.0);
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{v:.0} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+fn csrf_field(who: &Identity) -> String {
+    format!(
+        r#"<input type="hidden" name="csrf" value="{}">"#,
+        esc(who.csrf())
+    )
+}
+
+fn hidden(name: &str, value: &str) -> String {
+    format!(
+        r#"<input type="hidden" name="{}" value="{}">"#,
+        esc(name),
+        esc(value)
+    )
+}
+
+fn filter_fields(filter: &Filter) -> String {
+    filter.pairs().iter().map(|(k, v)| hidden(k, v)).collect()
+}
+
+/// `?a=b&c=d` of `pairs` (empty without any).
+pub(crate) fn query(pairs: &[(&str, &str)]) -> String {
+    if pairs.is_empty() {
+        return String::new();
+    }
+    let mut s = url::form_urlencoded::Serializer::for_suffix(String::from("?"), 1);
+    for (k, v) in pairs {
+        s.append_pair(k, v);
+    }
+    s.finish()
+}
+
+/// A whole page. `refresh`: reload every that many seconds (no script needed).
+fn layout(
+    app: &App,
+    who: Option<&Identity>,
+    title: &str,
+    refresh: Option<u32>,
+    body: &str,
+) -> Html<String> {
+    let mut out = String::with_capacity(body.len() + 2048);
+    out.push_str("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">");
+    out.push_str(r#"<meta name="viewport" content="width=device-width, initial-scale=1">"#);
+    if let Some(s) = refresh {
+        let _ = write!(out, r#"<meta http-equiv="refresh" content="{s}">"#);
+    }
+    let _ = write!(out, r#"<title>{} · outbox console</title>"#, esc(title));
+    if who.is_some() {
+        let _ = write!(
+            out,
+            r#"<link rel="stylesheet" href="{}">"#,
+            esc(&app.href("/static/console.css"))
+        );
+    }
+    out.push_str("</head><body>");
+    if let Some(who) = who {
+        let _ = write!(
+            out,
+            r#"<header><strong>outbox console</strong><a href="{}">Overview</a><a href="{}">Dead letters</a>{}"#,
+            esc(&app.href("/")),
+            esc(&app.href("/dead-letters")),
+            if app.config.read_only {
+                r#"<span class="ro">read-only</span>"#
+            } else {
+                ""
+            }
+        );
+        if matches!(who.caller, super::auth::Caller::Session { .. }) {
+            let _ = write!(
+                out,
+                r#"<form method="post" action="{}">{}<button>Log out</button></form>"#,
+                esc(&app.href("/logout")),
+                csrf_field(who)
+            );
+        }
+        out.push_str("</header>");
+    }
+    out.push_str("<main>");
+    out.push_str(body);
+    out.push_str("</main></body></html>");
+    Html(out)
+}
+
+/// The login form (what a request without the token gets, with its 401).
+pub(crate) fn login(app: &App, wrong: bool) -> Html<String> {
+    let body = format!(
+        r#"<h1>outbox console</h1>{}<form method="post" action="{}"><label>Token <input type="password" name="token" id="token" autocomplete="current-password" autofocus required></label> <button id="login">Log in</button></form>"#,
+        if wrong {
+            r#"<p class="problem">Wrong token.</p>"#
+        } else {
+            ""
+        },
+        esc(&app.href("/login"))
+    );
+    layout(app, None, "Log in", None, &body)
+}
+
+/// A refusal: the status and one sentence, nothing of the outbox.
+pub(crate) fn refusal(app: &App, code: StatusCode, message: &str) -> Html<String> {
+    let body = format!(
+        r#"<h1>{}</h1><p class="problem">{}</p>"#,
+        code.as_u16(),
+        esc(message)
+    );
+    layout(
+        app,
+        None,
+        code.canonical_reason().unwrap_or("refused"),
+        None,
+        &body,
+    )
+}
+
+/// A failure while serving a logged-in caller.
+pub(crate) fn error(app: &App, who: &Identity, code: StatusCode, message: &str) -> Html<String> {
+    let body = format!(
+        r#"<h1>{}</h1><p class="problem">{}</p>"#,
+        esc(code.canonical_reason().unwrap_or("error")),
+        esc(message)
+    );
+    layout(app, Some(who), "Error", None, &body)
+}
+
+fn card(label: &str, value: &str, warn: bool) -> String {
+    format!(
+        r#"<div class="card{}"><b>{}</b>{}</div>"#,
+        if warn { " warn" } else { "" },
+        value,
+        esc(label)
+    )
+}
+
+fn chart(per_minute: &[i64; 60]) -> String {
+    let max = per_minute.iter().copied().max().unwrap_or(0).max(1);
+    let (w, h) = (600, 120);
+    let mut out = format!(
+        r#"<svg id="chart" width="{w}" height="{}" viewBox="0 0 {w} {}" role="img" aria-label="events published per minute, last hour">"#,
+        h + 16,
+        h + 16
+    );
+    for (i, n) in per_minute.iter().enumerate() {
+        let bh = (*n as f64 / max as f64 * h as f64).round() as i64;
+        let _ = write!(
+            out,
+            r#"<rect class="bar" x="{}" y="{}" width="8" height="{bh}"><title>{} published, {} min ago</title></rect>"#,
+            i * 10,
+            h - bh,
+            num(*n),
+            59 - i
+        );
+    }
+    let _ = write!(
+        out,
+        r#"<line class="axis" x1="0" y1="{h}" x2="{w}" y2="{h}"/><text x="0" y="{}">-60 min</text><text x="{}" y="{}">now · max {}/min</text></svg>"#,
+        h + 13,
+        w - 130,
+        h + 13,
+        num(max)
+    );
+    out
+}
+
+/// The overview: counts, blocked aggregates, the chart, relays and wal slots. Reloads every 10 s.
+pub(crate) fn overview(app: &App, who: &Identity, o: &Overview) -> Html<String> {
+    let s = &o.status;
+    let mut b = String::from(r#"<h1>Overview</h1><div class="cards" id="counts">"#);
+    b.push_str(&card("pending", &num(s.pending), false));
+    b.push_str(&card(
+        "oldest pending",
+        &age(s.oldest_pending_age_seconds),
+        false,
+    ));
+    b.push_str(&card("waiting for retry", &num(s.waiting_for_retry), false));
+    b.push_str(&card(
+        "dead letters",
+        &format!(
+            r#"<a id="dead-letters-count" href="{}">{}</a>"#,
+            esc(&app.href("/dead-letters")),
+            num(s.dead_letters)
+        ),
+        s.dead_letters > 0,
+    ));
+    b.push_str(&card(
+        "blocked aggregates",
+        &num(s.blocked_aggregates),
+        s.blocked_aggregates > 0,
+    ));
+    if s.future_dated > 0 {
+        b.push_str(&card("dated in the future", &num(s.future_dated), true));
+    }
+    b.push_str("</div><h2>Published per minute, last hour</h2>");
+    b.push_str(&chart(&o.per_minute));
+
+    b.push_str("<h2>Blocked aggregates</h2>");
+    if o.blocked.is_empty() {
+        b.push_str("<p>None.</p>");
+    } else {
+        b.push_str(r#"<table id="blocked"><tr><th>Aggregate</th><th>Dead letter at its head</th><th>Error</th><th>Dead since</th><th>Waiting behind</th></tr>"#);
+        for a in &o.blocked {
+            let _ = write!(
+                b,
+                r#"<tr><td>{} / {}</td><td><a href="{}">{}</a></td><td class="err">{}</td><td class="t">{}</td><td class="n">{}</td></tr>"#,
+                esc(&a.aggregate_type),
+                esc(&a.aggregate_id),
+                esc(&app.href(&format!("/dead-letters/{}", a.event_id))),
+                esc(&a.event_type),
+                esc(a.last_error.as_deref().unwrap_or("")),
+                ts(&a.dead_lettered_at),
+                num(a.waiting_events)
+            );
+        }
+        b.push_str("</table>");
+        if s.blocked_aggregates > o.blocked.len() as i64 {
+            let _ = write!(
+                b,
+                "<p>The {} oldest of {}.</p>",
+                o.blocked.len(),
+                num(s.blocked_aggregates)
+            );
+        }
+    }
+
+    b.push_str("<h2>Relays connected</h2>");
+    if o.relays.is_empty() {
+        b.push_str(
+            r#"<p class="problem" id="no-relays">No relay is connected to this database.</p>"#,
+        );
+    } else {
+        b.push_str(r#"<table id="relays"><tr><th>Connection</th><th>Client</th><th>Connections</th><th>Since</th></tr>"#);
+        for r in &o.relays {
+            let _ = write!(
+                b,
+                r#"<tr><td>{}</td><td>{}</td><td class="n">{}</td><td>{}</td></tr>"#,
+                esc(&r.application_name),
+                esc(r.client_addr.as_deref().unwrap_or("local")),
+                num(r.connections),
+                opt_ts(r.since.as_ref())
+            );
+        }
+        b.push_str("</table>");
+    }
+
+    if !o.wal_slots.is_empty() {
+        b.push_str(r#"<h2>WAL slots</h2><table id="wal-slots"><tr><th>Slot</th><th>Streaming</th><th>wal_status</th><th>WAL retained</th><th>Unconfirmed</th><th>Caught up</th><th>Aggregates handed to the table</th></tr>"#);
+        for w in &o.wal_slots {
+            let _ = write!(
+                b,
+                r#"<tr><td>{}</td><td>{}</td><td>{}</td><td class="n">{}</td><td class="n">{}</td><td>{}</td><td class="n">{}</td></tr>"#,
+                esc(&w.slot_name),
+                if !w.present {
+                    "missing"
+                } else if w.active {
+                    "yes"
+                } else {
+                    "no"
+                },
+                esc(w.wal_status.as_deref().unwrap_or("–")),
+                bytes(w.retained_bytes),
+                bytes(w.unconfirmed_bytes),
+                if w.caught_up { "yes" } else { "no" },
+                num(w.deferred_aggregates)
+            );
+        }
+        b.push_str("</table>");
+    }
+    layout(app, Some(who), "Overview", Some(10), &b)
+}
+
+/// What the last action did, from the redirect's query (known words and numbers only).
+pub(crate) fn notice(done: Option<Action>, n: Option<u64>) -> String {
+    match (done, n) {
+        (Some(a), Some(n)) => format!(
+            r#"<p class="notice" id="notice">{} {} dead letter{}.</p>"#,
+            match a {
+                Action::Retry => "Retried",
+                Action::Discard => "Discarded",
+            },
+            num(n),
+            if n == 1 { "" } else { "s" }
+        ),
+        _ => String::new(),
+    }
+}
+
+fn filter_form(app: &App, filter: &Filter) -> String {
+    let field = |name: &str, label: &str, value: Option<&str>, kind: &str| {
+        format!(
+            r#"<label>{} <input type="{kind}" name="{name}" id="f-{name}" value="{}"></label>"#,
+            esc(label),
+            esc(value.unwrap_or(""))
+        )
+    };
+    format!(
+        r#"<form class="filter" method="get" action="{}">{}{}{}{}{}{}<button id="apply-filter">Filter</button> <a href="{}">Clear</a></form>"#,
+        esc(&app.href("/dead-letters")),
+        field(
+            "event_type",
+            "Event type",
+            filter.event_type.as_deref(),
+            "text"
+        ),
+        field(
+            "aggregate_type",
+            "Aggregate type",
+            filter.aggregate_type.as_deref(),
+            "text"
+        ),
+        field(
+            "aggregate_id",
+            "Aggregate id",
+            filter.aggregate_id.as_deref(),
+            "text"
+        ),
+        field("error", "Error contains", filter.error.as_deref(), "text"),
+        field("since", "Dead since", filter.since.as_deref(), "text"),
+        field("until", "Dead before", filter.until.as_deref(), "text"),
+        esc(&app.href("/dead-letters"))
+    )
+}
+
+/// The dead-letter list: filter, a page of rows with their checkboxes, actions, next page.
+pub(crate) fn dead_letters(
+    app: &App,
+    who: &Identity,
+    filter: &Filter,
+    rows: &[ListedDeadLetter],
+    next_after: Option<i64>,
+    first_page: bool,
+    notice: &str,
+) -> Html<String> {
+    let mut b = String::from("<h1>Dead letters</h1>");
+    b.push_str(notice);
+    b.push_str(&filter_form(app, filter));
+    let actions = !app.config.read_only;
+    if actions {
+        let _ = write!(
+            b,
+            r#"<form method="post" action="{}" id="bulk" class="actions">{}{}<span>Every dead letter matching this filter:</span><button name="action" value="retry" id="bulk-retry">Retry all matching…</button><button name="action" value="discard" id="bulk-discard" class="danger">Discard all matching…</button></form>"#,
+            esc(&app.href("/dead-letters/bulk")),
+            csrf_field(who),
+            filter_fields(filter)
+        );
+    }
+    if rows.is_empty() {
+        b.push_str(r#"<p id="empty">No dead letter matches.</p>"#);
+    } else {
+        if actions {
+            let _ = write!(
+                b,
+                r#"<form method="post" action="{}" id="selection">{}"#,
+                esc(&app.href("/dead-letters/selected")),
+                csrf_field(who)
+            );
+        }
+        b.push_str(r#"<table id="dead-letter-list"><tr>"#);
+        if actions {
+            b.push_str("<th></th>");
+        }
+        b.push_str("<th>Event</th><th>Aggregate</th><th>Error</th><th>Attempts</th><th>Created</th><th>Dead since</th></tr>");
+        for r in rows {
+            b.push_str("<tr>");
+            if actions {
+                let _ = write!(
+                    b,
+                    r#"<td><input type="checkbox" name="id" value="{}" aria-label="select"></td>"#,
+                    r.id
+                );
+            }
+            let _ = write!(
+                b,
+                r#"<td><a class="event" href="{}">{}</a><br><small>seq {}</small></td><td class="aggregate">{} / {}</td><td class="err">{}</td><td class="n">{}</td><td class="t">{}</td><td class="t">{}</td></tr>"#,
+                esc(&app.href(&format!("/dead-letters/{}", r.id))),
+                esc(&r.event_type),
+                r.seq,
+                esc(&r.aggregate_type),
+                esc(&r.aggregate_id),
+                esc(r.last_error.as_deref().unwrap_or("")),
+                r.attempts,
+                ts(&r.created_at),
+                ts(&r.dead_lettered_at)
+            );
+        }
+        b.push_str("</table>");
+        if actions {
+            b.push_str(r#"<div class="actions"><span>Selected:</span><button name="action" value="retry" id="selected-retry">Retry selected…</button><button name="action" value="discard" id="selected-discard" class="danger">Discard selected…</button></div></form>"#);
+        }
+    }
+    let mut nav = Vec::new();
+    if !first_page {
+        nav.push(format!(
+            r#"<a id="first-page" href="{}{}">First page</a>"#,
+            esc(&app.href("/dead-letters")),
+            esc(&query(&filter.pairs()))
+        ));
+    }
+    if let Some(after) = next_after {
+        let mut pairs = filter.pairs();
+        let after = after.to_string();
+        pairs.push(("after", &after));
+        nav.push(format!(
+            r#"<a id="next-page" href="{}{}">Next page</a>"#,
+            esc(&app.href("/dead-letters")),
+            esc(&query(&pairs))
+        ));
+    }
+    if !nav.is_empty() {
+        let _ = write!(b, "<p>{}</p>", nav.join(" · "));
+    }
+    layout(app, Some(who), "Dead letters", None, &b)
+}
+
+/// One event: everything it holds, its state, and the events of its aggregate waiting behind it.
+pub(crate) fn detail(
+    app: &App,
+    who: &Identity,
+    d: &Detail,
+    followers: &[Follower],
+    total: i64,
+    notice: &str,
+) -> Html<String> {
+    let dead = d.dead_lettered_at.is_some() && d.processed_at.is_none();
+    let state = if d.discarded_at.is_some() {
+        "discarded"
+    } else if d.processed_at.is_some() {
+        "published"
+    } else if dead {
+        "dead letter"
+    } else {
+        "pending"
+    };
+    let mut b = format!(
+        r#"<h1>{}</h1>{notice}<p>State: <strong id="state">{state}</strong></p><table id="event">"#,
+        esc(&d.event_type)
+    );
+    let mut row = |k: &str, v: String| {
+        let _ = write!(b, "<tr><th>{}</th><td>{v}</td></tr>", esc(k));
+    };
+    row("Id", d.id.to_string());
+    row("Seq", d.seq.to_string());
+    row("Aggregate type", esc(&d.aggregate_type));
+    row(
+        "Aggregate id",
+        format!(r#"<span id="aggregate-id">{}</span>"#, esc(&d.aggregate_id)),
+    );
+    row("Attempts", d.attempts.to_string());
+    row(
+        "Last error",
+        format!(
+            r#"<span class="err" id="last-error">{}</span>"#,
+            esc(d.last_error.as_deref().unwrap_or(""))
+        ),
+    );
+    row("Created", ts(&d.created_at));
+    row("Dead-lettered", opt_ts(d.dead_lettered_at.as_ref()));
+    row("Retry after", opt_ts(d.retry_after.as_ref()));
+    row("Processed", opt_ts(d.processed_at.as_ref()));
+    row("Discarded", opt_ts(d.discarded_at.as_ref()));
+    b.push_str("</table>");
+    if dead && !app.config.read_only {
+        let _ = write!(
+            b,
+            r#"<div class="actions"><form method="post" action="{}">{}<button id="retry">Retry</button></form><form method="post" action="{}">{}<button id="discard" class="danger">Discard</button></form></div>"#,
+            esc(&app.href(&format!("/dead-letters/{}/retry", d.id))),
+            csrf_field(who),
+            esc(&app.href(&format!("/dead-letters/{}/discard", d.id))),
+            csrf_field(who)
+        );
+    }
+    let _ = write!(
+        b,
+        r#"<h2>Payload</h2><pre id="payload">{}</pre><h2>Headers</h2><pre id="headers">{}</pre>"#,
+        esc(&d.payload),
+        esc(d.headers.as_deref().unwrap_or("none"))
+    );
+    let _ = write!(
+        b,
+        r#"<h2>Waiting behind it in its aggregate: <span id="followers-count">{}</span></h2>"#,
+        num(total)
+    );
+    if !followers.is_empty() {
+        b.push_str(r#"<table id="followers"><tr><th>Seq</th><th>Event type</th><th>Id</th><th>Created</th></tr>"#);
+        for f in followers {
+            let _ = write!(
+                b,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                f.seq,
+                esc(&f.event_type),
+                f.id,
+                ts(&f.created_at)
+            );
+        }
+        b.push_str("</table>");
+        if total > followers.len() as i64 {
+            let _ = write!(b, "<p>The first {} of {}.</p>", followers.len(), num(total));
+        }
+    }
+    layout(app, Some(who), &d.event_type, None, &b)
+}
+
+/// What a confirmation covers.
+pub(crate) enum Scope<'a> {
+    /// Every dead letter matching the filter, up to seq `upto`.
+    Filter { filter: &'a Filter, upto: i64 },
+    /// The selected ids.
+    Selected(&'a [Uuid]),
+}
+
+/// "This touches N dead letters: confirm?"
+pub(crate) fn confirm(
+    app: &App,
+    who: &Identity,
+    action: Action,
+    scope: Scope<'_>,
+    count: i64,
+) -> Html<String> {
+    let verb = match action {
+        Action::Retry => "Retry",
+        Action::Discard => "Discard",
+    };
+    let effect = match action {
+        Action::Retry => "They get a fresh set of attempts; each goes out before the events of its aggregate waiting behind it.",
+        Action::Discard => "They are marked discarded (kept, never published); the events of their aggregates waiting behind them go out.",
+    };
+    let (what, target, fields) = match scope {
+        Scope::Filter { filter, upto } => (
+            if filter.is_empty() {
+                "every dead letter".to_string()
+            } else {
+                format!(
+                    "every dead letter matching {}",
+                    filter
+                        .pairs()
+                        .iter()
+                        .map(|(k, v)| format!("{} = “{}”", esc(k), esc(v)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            },
+            "/dead-letters/bulk",
+            format!(
+                "{}{}{}",
+                filter_fields(filter),
+                hidden("upto", &upto.to_string()),
+                hidden("expected", &count.to_string())
+            ),
+        ),
+        Scope::Selected(ids) => (
+            "the selected dead letters".to_string(),
+            "/dead-letters/selected",
+            ids.iter().map(|id| hidden("id", &id.to_string())).collect(),
+        ),
+    };
+    let b = format!(
+        r#"<h1>{verb} {} dead letter{}?</h1><p>{verb} {what}: <strong id="confirm-count">{}</strong>.</p><p>{effect}</p><form method="post" action="{}" class="actions">{}{}{}{}<button id="confirm" class="danger">{verb} {}</button> <a href="{}">Cancel</a></form>"#,
+        num(count),
+        if count == 1 { "" } else { "s" },
+        num(count),
+        esc(&app.href(target)),
+        csrf_field(who),
+        hidden("action", action.name()),
+        hidden("confirm", "yes"),
+        fields,
+        num(count),
+        esc(&app.href("/dead-letters"))
+    );
+    layout(app, Some(who), "Confirm", None, &b)
+}
+
+/// A bulk action's progress; reloads every second until it is done.
+pub(crate) fn job(app: &App, who: &Identity, s: &JobState) -> Html<String> {
+    let status = match (&s.error, s.finished) {
+        (Some(e), _) => format!(
+            r#"<p class="problem" id="job-state">Failed after {} {}: {}. Running it again continues with the rest.</p>"#,
+            num(s.done),
+            s.action.past(),
+            esc(e)
+        ),
+        (None, true) => format!(
+            r#"<p class="notice" id="job-state">Done: {} dead letters {} in {:.1} s.</p>"#,
+            num(s.done),
+            s.action.past(),
+            s.elapsed.as_secs_f64()
+        ),
+        (None, false) => r#"<p id="job-state">Running…</p>"#.to_string(),
+    };
+    let b = format!(
+        r#"<h1>{} {}</h1>{status}<p><span id="job-done">{}</span> of {} {} in {} batches.</p><progress max="{}" value="{}"></progress><p><a href="{}">Back to the dead letters</a></p>"#,
+        match s.action {
+            Action::Retry => "Retry",
+            Action::Discard => "Discard",
+        },
+        esc(&super::bulk::describe(&s.filter)),
+        num(s.done),
+        num(s.expected),
+        s.action.past(),
+        s.batches,
+        s.expected.max(1),
+        s.done,
+        esc(&app.href("/dead-letters"))
+    );
+    layout(
+        app,
+        Some(who),
+        "Bulk action",
+        (!s.finished).then_some(1),
+        &b,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markup_quotes_and_controls_become_text() {
+        assert_eq!(
+            esc(r#"<script>alert("x")</script>"#),
+            "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;"
+        );
+        assert_eq!(esc("a'b&c"), "a&#39;b&amp;c");
+        assert_eq!(
+            esc("bell\u{7}esc\u{1b}del\u{7f}"),
+            "bell\\u{7}esc\\u{1b}del\\u{7f}"
+        );
+        assert_eq!(esc("line\nnext\ttab"), "line\nnext\ttab");
+    }
+
+    #[test]
+    fn numbers_have_separators() {
+        assert_eq!(num(0), "0");
+        assert_eq!(num(999), "999");
+        assert_eq!(num(1000), "1,000");
+        assert_eq!(num(1_234_567), "1,234,567");
+        assert_eq!(num(-10_000), "-10,000");
+    }
+
+    #[test]
+    fn query_strings_are_encoded() {
+        assert_eq!(query(&[]), "");
+        assert_eq!(
+            query(&[("aggregate_id", "a&b=c <d>"), ("after", "5")]),
+            "?aggregate_id=a%26b%3Dc+%3Cd%3E&after=5"
+        );
+    }
+}

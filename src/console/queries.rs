@@ -1,0 +1,322 @@
+//! The console's own statements (`sql/queries/console`): filtered, keyset-paginated dead letters,
+//! one event and its followers, the published-per-minute chart and the connected relays. Each
+//! runs in a transaction the caller opened with `ops::checked_transaction_in`.
+
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::GenericClient;
+use uuid::Uuid;
+
+use crate::error::Result;
+use crate::timestamp::Timestamp;
+
+const PAGE: &str = include_str!("../../sql/queries/console/dead_letters_page.sql");
+const COUNT: &str = include_str!("../../sql/queries/console/dead_letters_count.sql");
+const BATCH: &str = include_str!("../../sql/queries/console/dead_letters_batch.sql");
+const DETAIL: &str = include_str!("../../sql/queries/console/event_detail.sql");
+const FOLLOWERS: &str = include_str!("../../sql/queries/console/followers.sql");
+const PER_MINUTE: &str = include_str!("../../sql/queries/console/processed_per_minute.sql");
+const RELAYS: &str = include_str!("../../sql/queries/console/relays.sql");
+
+/// The filter of the dead-letter list, which a bulk action applies as it is: every field `None`
+/// matches every dead letter.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Filter {
+    pub(crate) event_type: Option<String>,
+    pub(crate) aggregate_type: Option<String>,
+    pub(crate) aggregate_id: Option<String>,
+    /// Text somewhere in `last_error`, in any case.
+    pub(crate) error: Option<String>,
+    /// Dead-lettered at or after (any timestamp PostgreSQL reads, in its time zone).
+    pub(crate) since: Option<String>,
+    /// Dead-lettered before.
+    pub(crate) until: Option<String>,
+}
+
+impl Filter {
+    /// The form fields and query parameters, by name.
+    pub(crate) const FIELDS: [&'static str; 6] = [
+        "event_type",
+        "aggregate_type",
+        "aggregate_id",
+        "error",
+        "since",
+        "until",
+    ];
+
+    /// From form or query pairs; empty values match anything.
+    pub(crate) fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        let mut f = Filter::default();
+        for (k, v) in pairs {
+            let v = v.trim();
+            let value = (!v.is_empty()).then(|| v.to_string());
+            match k {
+                "event_type" => f.event_type = value,
+                "aggregate_type" => f.aggregate_type = value,
+                "aggregate_id" => f.aggregate_id = value,
+                "error" => f.error = value,
+                "since" => f.since = value,
+                "until" => f.until = value,
+                _ => {}
+            }
+        }
+        f
+    }
+
+    /// (name, value) of the fields set, in [`Filter::FIELDS`] order.
+    pub(crate) fn pairs(&self) -> Vec<(&'static str, &str)> {
+        Filter::FIELDS
+            .iter()
+            .zip(self.values())
+            .filter_map(|(k, v)| v.map(|v| (*k, v)))
+            .collect()
+    }
+
+    /// Every field, set or not, in [`Filter::FIELDS`] order.
+    pub(crate) fn values(&self) -> [Option<&str>; 6] {
+        [
+            self.event_type.as_deref(),
+            self.aggregate_type.as_deref(),
+            self.aggregate_id.as_deref(),
+            self.error.as_deref(),
+            self.since.as_deref(),
+            self.until.as_deref(),
+        ]
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.values().iter().all(Option::is_none)
+    }
+
+    /// `$1`..`$6` of the filtered statements.
+    fn params(&self) -> Vec<Option<&str>> {
+        self.values().to_vec()
+    }
+}
+
+/// One row of the dead-letter list.
+#[derive(Debug, Clone)]
+pub(crate) struct ListedDeadLetter {
+    pub(crate) id: Uuid,
+    pub(crate) seq: i64,
+    pub(crate) aggregate_type: String,
+    pub(crate) aggregate_id: String,
+    pub(crate) event_type: String,
+    pub(crate) attempts: i32,
+    pub(crate) last_error: Option<String>,
+    pub(crate) created_at: Timestamp,
+    pub(crate) dead_lettered_at: Timestamp,
+}
+
+fn typed<'a>(
+    filter: &'a [Option<&'a str>],
+    rest: &'a [(&'a (dyn ToSql + Sync), Type)],
+) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
+    let mut params: Vec<(&(dyn ToSql + Sync), Type)> = filter
+        .iter()
+        .map(|v| (v as &(dyn ToSql + Sync), Type::TEXT))
+        .collect();
+    params.extend(rest.iter().map(|(v, t)| (*v, t.clone())));
+    params
+}
+
+/// Up to `limit` dead letters matching `filter` after seq `after`, in seq order.
+pub(crate) async fn page<C: GenericClient + Sync>(
+    client: &C,
+    filter: &Filter,
+    after: i64,
+    limit: i64,
+) -> Result<Vec<ListedDeadLetter>> {
+    let values = filter.params();
+    let rest: [(&(dyn ToSql + Sync), Type); 2] = [(&after, Type::INT8), (&limit, Type::INT8)];
+    let rows = client.query_typed(PAGE, &typed(&values, &rest)).await?;
+    rows.iter()
+        .map(|r| {
+            Ok(ListedDeadLetter {
+                id: r.try_get("id")?,
+                seq: r.try_get("seq")?,
+                aggregate_type: r.try_get("aggregate_type")?,
+                aggregate_id: r.try_get("aggregate_id")?,
+                event_type: r.try_get("event_type")?,
+                attempts: r.try_get("attempts")?,
+                last_error: r.try_get("last_error")?,
+                created_at: r.try_get("created_at")?,
+                dead_lettered_at: r.try_get("dead_lettered_at")?,
+            })
+        })
+        .collect()
+}
+
+/// How many dead letters match `filter`, and the highest seq among them.
+pub(crate) async fn count<C: GenericClient + Sync>(
+    client: &C,
+    filter: &Filter,
+) -> Result<(i64, Option<i64>)> {
+    let values = filter.params();
+    let row = client.query_typed_one(COUNT, &typed(&values, &[])).await?;
+    Ok((row.try_get("matching")?, row.try_get("upto")?))
+}
+
+/// The ids and seqs of up to `limit` dead letters matching `filter` with `after < seq <= upto`.
+pub(crate) async fn batch<C: GenericClient + Sync>(
+    client: &C,
+    filter: &Filter,
+    after: i64,
+    upto: i64,
+    limit: i64,
+) -> Result<Vec<(Uuid, i64)>> {
+    let values = filter.params();
+    let rest: [(&(dyn ToSql + Sync), Type); 3] = [
+        (&after, Type::INT8),
+        (&upto, Type::INT8),
+        (&limit, Type::INT8),
+    ];
+    let rows = client.query_typed(BATCH, &typed(&values, &rest)).await?;
+    rows.iter()
+        .map(|r| Ok((r.try_get("id")?, r.try_get("seq")?)))
+        .collect()
+}
+
+/// One event as the detail view shows it.
+#[derive(Debug, Clone)]
+pub(crate) struct Detail {
+    pub(crate) id: Uuid,
+    pub(crate) seq: i64,
+    pub(crate) aggregate_type: String,
+    pub(crate) aggregate_id: String,
+    pub(crate) event_type: String,
+    pub(crate) payload: String,
+    pub(crate) headers: Option<String>,
+    pub(crate) attempts: i32,
+    pub(crate) last_error: Option<String>,
+    pub(crate) created_at: Timestamp,
+    pub(crate) dead_lettered_at: Option<Timestamp>,
+    pub(crate) retry_after: Option<Timestamp>,
+    pub(crate) processed_at: Option<Timestamp>,
+    pub(crate) discarded_at: Option<Timestamp>,
+}
+
+/// The event `id`, if there is one.
+pub(crate) async fn detail<C: GenericClient + Sync>(
+    client: &C,
+    id: Uuid,
+) -> Result<Option<Detail>> {
+    let row = client.query_typed_opt(DETAIL, &[(&id, Type::UUID)]).await?;
+    row.map(|r| {
+        Ok(Detail {
+            id: r.try_get("id")?,
+            seq: r.try_get("seq")?,
+            aggregate_type: r.try_get("aggregate_type")?,
+            aggregate_id: r.try_get("aggregate_id")?,
+            event_type: r.try_get("event_type")?,
+            payload: r.try_get("payload")?,
+            headers: r.try_get("headers")?,
+            attempts: r.try_get("attempts")?,
+            last_error: r.try_get("last_error")?,
+            created_at: r.try_get("created_at")?,
+            dead_lettered_at: r.try_get("dead_lettered_at")?,
+            retry_after: r.try_get("retry_after")?,
+            processed_at: r.try_get("processed_at")?,
+            discarded_at: r.try_get("discarded_at")?,
+        })
+    })
+    .transpose()
+}
+
+/// A pending event waiting behind a dead letter of its aggregate.
+#[derive(Debug, Clone)]
+pub(crate) struct Follower {
+    pub(crate) id: Uuid,
+    pub(crate) seq: i64,
+    pub(crate) event_type: String,
+    pub(crate) created_at: Timestamp,
+}
+
+/// Up to `limit` pending events of the aggregate after `seq`, and how many there are in all.
+pub(crate) async fn followers<C: GenericClient + Sync>(
+    client: &C,
+    aggregate_type: &str,
+    aggregate_id: &str,
+    seq: i64,
+    limit: i64,
+) -> Result<(Vec<Follower>, i64)> {
+    let rows = client
+        .query_typed(
+            FOLLOWERS,
+            &[
+                (&aggregate_type, Type::TEXT),
+                (&aggregate_id, Type::TEXT),
+                (&seq, Type::INT8),
+                (&limit, Type::INT8),
+            ],
+        )
+        .await?;
+    let total = match rows.first() {
+        Some(r) => r.try_get("total")?,
+        None => 0,
+    };
+    let list = rows
+        .iter()
+        .map(|r| {
+            Ok(Follower {
+                id: r.try_get("id")?,
+                seq: r.try_get("seq")?,
+                event_type: r.try_get("event_type")?,
+                created_at: r.try_get("created_at")?,
+            })
+        })
+        .collect::<Result<_>>()?;
+    Ok((list, total))
+}
+
+/// Events published in each of the last 60 minutes, oldest minute first.
+pub(crate) async fn per_minute<C: GenericClient + Sync>(client: &C) -> Result<[i64; 60]> {
+    let mut minutes = [0i64; 60];
+    for r in client.query_typed(PER_MINUTE, &[]).await? {
+        let ago: i32 = r.try_get("minutes_ago")?;
+        if let Some(slot) = usize::try_from(ago).ok().filter(|a| *a < 60) {
+            minutes[59 - slot] = r.try_get("published")?;
+        }
+    }
+    Ok(minutes)
+}
+
+/// Relay connections, per application name and client address.
+#[derive(Debug, Clone)]
+pub(crate) struct RelayConnection {
+    pub(crate) application_name: String,
+    pub(crate) client_addr: Option<String>,
+    pub(crate) connections: i64,
+    pub(crate) since: Option<Timestamp>,
+}
+
+/// The relays connected to the database (from `pg_stat_activity`).
+pub(crate) async fn relays<C: GenericClient + Sync>(client: &C) -> Result<Vec<RelayConnection>> {
+    client
+        .query_typed(RELAYS, &[])
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(RelayConnection {
+                application_name: r.try_get("application_name")?,
+                client_addr: r.try_get("client_addr")?,
+                connections: r.try_get("connections")?,
+                since: r.try_get("since")?,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_fields_match_anything() {
+        let f = Filter::from_pairs([("event_type", " order.created "), ("error", ""), ("x", "y")]);
+        assert_eq!(f.event_type.as_deref(), Some("order.created"));
+        assert_eq!(f.error, None);
+        assert_eq!(f.pairs(), vec![("event_type", "order.created")]);
+        assert!(!f.is_empty());
+        assert!(Filter::from_pairs([("since", "  ")]).is_empty());
+    }
+}

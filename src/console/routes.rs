@@ -1,0 +1,349 @@
+//! The routes and their handlers. A GET never changes anything; every action is a POST behind
+//! the guard (token, same origin, CSRF token) and refused in read-only mode.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{header, StatusCode};
+use axum::middleware;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Router};
+use uuid::Uuid;
+
+use super::actions::{self, Action};
+use super::auth::{self, Identity};
+use super::bulk;
+use super::pages::{self, Scope};
+use super::queries::Filter;
+use super::App;
+use crate::error::{Error, ErrorKind};
+
+/// Ids one selection may name (a page holds at most 1000 rows).
+const MAX_SELECTED: usize = 1000;
+
+pub(crate) fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/", get(overview))
+        .route("/static/console.css", get(css))
+        .route("/dead-letters", get(list))
+        .route("/dead-letters/selected", post(selected))
+        .route("/dead-letters/bulk", post(bulk_action))
+        .route("/dead-letters/{id}", get(detail))
+        .route("/dead-letters/{id}/{action}", post(one))
+        .route("/jobs/{id}", get(job))
+        .route("/login", get(auth::login_form).post(auth::login))
+        .route("/logout", post(auth::logout))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&app),
+            auth::guard,
+        ))
+        .layer(middleware::from_fn(auth::security_headers))
+        .with_state(app)
+}
+
+fn pairs(raw: &[u8]) -> Vec<(String, String)> {
+    url::form_urlencoded::parse(raw)
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect()
+}
+
+fn value<'a>(pairs: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    pairs
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+fn filter_of(pairs: &[(String, String)]) -> Filter {
+    Filter::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+}
+
+/// A failure as a page: the caller's mistakes say what is wrong; the database's own failures
+/// are logged (redacted) and not shown.
+fn fail(app: &App, who: &Identity, e: &Error) -> Response {
+    let bad_input = e
+        .as_db_error()
+        .and_then(|d| d.as_db_error())
+        .filter(|d| d.code().code().starts_with("22"))
+        .map(|d| d.message().to_string());
+    let (code, message) = if let Some(message) = bad_input {
+        (
+            StatusCode::BAD_REQUEST,
+            format!("the filter is not valid: {message}"),
+        )
+    } else if e.is_not_found() {
+        (StatusCode::CONFLICT, e.to_string())
+    } else if e.is_usage() {
+        (StatusCode::BAD_REQUEST, e.to_string())
+    } else if e.kind() == ErrorKind::SchemaMissing {
+        (StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+    } else {
+        tracing::error!(error = %e.redacted(), "console: request failed");
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the database failed; the console's log says why".to_string(),
+        )
+    };
+    (code, pages::error(app, who, code, &message)).into_response()
+}
+
+fn read_only(app: &App) -> Option<Response> {
+    app.config.read_only.then(|| {
+        (
+            StatusCode::FORBIDDEN,
+            pages::refusal(app, StatusCode::FORBIDDEN, "the console is read-only"),
+        )
+            .into_response()
+    })
+}
+
+fn bad_request(app: &App, who: &Identity, message: &str) -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        pages::error(app, who, StatusCode::BAD_REQUEST, message),
+    )
+        .into_response()
+}
+
+async fn css() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        pages::CSS,
+    )
+}
+
+async fn overview(State(app): State<Arc<App>>, Extension(who): Extension<Identity>) -> Response {
+    match app.overview().await {
+        Ok(o) => pages::overview(&app, &who, &o).into_response(),
+        Err(e) => fail(&app, &who, &e),
+    }
+}
+
+async fn list(
+    State(app): State<Arc<App>>,
+    Extension(who): Extension<Identity>,
+    RawQuery(raw): RawQuery,
+) -> Response {
+    let q = pairs(raw.as_deref().unwrap_or("").as_bytes());
+    let filter = filter_of(&q);
+    let after = match value(&q, "after").filter(|v| !v.is_empty()) {
+        None => None,
+        Some(v) => match v.parse::<i64>() {
+            Ok(n) => Some(n),
+            Err(_) => return bad_request(&app, &who, "after: not a seq"),
+        },
+    };
+    let notice = pages::notice(
+        value(&q, "done").and_then(Action::parse),
+        value(&q, "n").and_then(|n| n.parse().ok()),
+    );
+    let limit = app.config.page_size;
+    let result = async {
+        let (mut client, _permit) = app.client().await?;
+        actions::page(
+            &mut client,
+            app.schema(),
+            &filter,
+            after.unwrap_or(i64::MIN),
+            limit + 1,
+        )
+        .await
+    }
+    .await;
+    match result {
+        Ok(mut rows) => {
+            let more = rows.len() as i64 > limit;
+            rows.truncate(limit as usize);
+            let next = more.then(|| rows.last().map(|r| r.seq)).flatten();
+            pages::dead_letters(&app, &who, &filter, &rows, next, after.is_none(), &notice)
+                .into_response()
+        }
+        Err(e) => fail(&app, &who, &e),
+    }
+}
+
+async fn detail(
+    State(app): State<Arc<App>>,
+    Extension(who): Extension<Identity>,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Response {
+    let Ok(id) = Uuid::parse_str(&id) else {
+        return bad_request(&app, &who, "not an event id");
+    };
+    let q = pairs(raw.as_deref().unwrap_or("").as_bytes());
+    let notice = pages::notice(
+        value(&q, "done").and_then(Action::parse),
+        value(&q, "n").and_then(|n| n.parse().ok()),
+    );
+    let result = async {
+        let (mut client, _permit) = app.client().await?;
+        actions::detail(&mut client, app.schema(), id).await
+    }
+    .await;
+    match result {
+        Ok(Some((d, followers, total))) => {
+            pages::detail(&app, &who, &d, &followers, total, &notice).into_response()
+        }
+        Ok(None) => (
+            StatusCode::NOT_FOUND,
+            pages::error(&app, &who, StatusCode::NOT_FOUND, "no such event"),
+        )
+            .into_response(),
+        Err(e) => fail(&app, &who, &e),
+    }
+}
+
+/// Runs `action` on `ids` in one transaction, with its audit line.
+async fn apply(
+    app: &App,
+    who: &Identity,
+    action: Action,
+    ids: &[Uuid],
+    scope: &str,
+) -> Result<u64, Error> {
+    let result = async {
+        let (mut client, _permit) = app.client().await?;
+        actions::apply(&mut client, app.schema(), action, ids).await
+    }
+    .await;
+    app.changed().await;
+    let target = ids
+        .iter()
+        .map(Uuid::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    match &result {
+        Ok(n) => bulk::audit(action, scope, &target, *n, &who.from(), None),
+        Err(e) => bulk::audit(action, scope, &target, 0, &who.from(), Some(&e.redacted())),
+    }
+    result
+}
+
+/// POST /dead-letters/{id}/retry|discard: one dead letter, at once.
+async fn one(
+    State(app): State<Arc<App>>,
+    Extension(who): Extension<Identity>,
+    Path((id, action)): Path<(String, String)>,
+) -> Response {
+    if let Some(refused) = read_only(&app) {
+        return refused;
+    }
+    let (Ok(id), Some(action)) = (Uuid::parse_str(&id), Action::parse(&action)) else {
+        return bad_request(&app, &who, "unknown action");
+    };
+    match apply(&app, &who, action, &[id], "one").await {
+        Ok(n) => {
+            Redirect::to(&app.href(&format!("/dead-letters/{id}?done={}&n={n}", action.name())))
+                .into_response()
+        }
+        Err(e) => fail(&app, &who, &e),
+    }
+}
+
+/// POST /dead-letters/selected: the checked rows; confirmed first.
+async fn selected(
+    State(app): State<Arc<App>>,
+    Extension(who): Extension<Identity>,
+    body: Bytes,
+) -> Response {
+    if let Some(refused) = read_only(&app) {
+        return refused;
+    }
+    let form = pairs(&body);
+    let Some(action) = value(&form, "action").and_then(Action::parse) else {
+        return bad_request(&app, &who, "unknown action");
+    };
+    let mut ids = Vec::new();
+    for (_, v) in form.iter().filter(|(k, _)| k == "id") {
+        match Uuid::parse_str(v) {
+            Ok(id) if !ids.contains(&id) => ids.push(id),
+            Ok(_) => {}
+            Err(_) => return bad_request(&app, &who, "not an event id"),
+        }
+    }
+    if ids.is_empty() {
+        return bad_request(&app, &who, "select at least one dead letter");
+    }
+    if ids.len() > MAX_SELECTED {
+        return bad_request(&app, &who, "too many selected at once");
+    }
+    if value(&form, "confirm") != Some("yes") {
+        return pages::confirm(&app, &who, action, Scope::Selected(&ids), ids.len() as i64)
+            .into_response();
+    }
+    match apply(&app, &who, action, &ids, "selected").await {
+        Ok(n) => Redirect::to(&app.href(&format!("/dead-letters?done={}&n={n}", action.name())))
+            .into_response(),
+        Err(e) => fail(&app, &who, &e),
+    }
+}
+
+/// POST /dead-letters/bulk: every dead letter matching the filter. First the count to confirm;
+/// confirmed, a job in batches, and its progress page.
+async fn bulk_action(
+    State(app): State<Arc<App>>,
+    Extension(who): Extension<Identity>,
+    body: Bytes,
+) -> Response {
+    if let Some(refused) = read_only(&app) {
+        return refused;
+    }
+    let form = pairs(&body);
+    let Some(action) = value(&form, "action").and_then(Action::parse) else {
+        return bad_request(&app, &who, "unknown action");
+    };
+    let filter = filter_of(&form);
+    if value(&form, "confirm") == Some("yes") {
+        let upto = value(&form, "upto").and_then(|v| v.parse::<i64>().ok());
+        let expected = value(&form, "expected").and_then(|v| v.parse::<i64>().ok());
+        let (Some(upto), Some(expected)) = (upto, expected) else {
+            return bad_request(&app, &who, "the confirmation is incomplete");
+        };
+        let id = bulk::start(&app, action, filter, expected, upto, who.from());
+        return Redirect::to(&app.href(&format!("/jobs/{id}"))).into_response();
+    }
+    let result = async {
+        let (mut client, _permit) = app.client().await?;
+        actions::count(&mut client, app.schema(), &filter).await
+    }
+    .await;
+    match result {
+        Ok((count, Some(upto))) if count > 0 => pages::confirm(
+            &app,
+            &who,
+            action,
+            Scope::Filter {
+                filter: &filter,
+                upto,
+            },
+            count,
+        )
+        .into_response(),
+        Ok(_) => {
+            let mut pairs = filter.pairs();
+            pairs.push(("done", action.name()));
+            pairs.push(("n", "0"));
+            Redirect::to(&app.href(&format!("/dead-letters{}", pages::query(&pairs))))
+                .into_response()
+        }
+        Err(e) => fail(&app, &who, &e),
+    }
+}
+
+async fn job(
+    State(app): State<Arc<App>>,
+    Extension(who): Extension<Identity>,
+    Path(id): Path<String>,
+) -> Response {
+    match Uuid::parse_str(&id).ok().and_then(|id| app.jobs.get(id)) {
+        Some(state) => pages::job(&app, &who, &state).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            pages::error(&app, &who, StatusCode::NOT_FOUND, "no such job"),
+        )
+            .into_response(),
+    }
+}

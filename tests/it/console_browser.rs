@@ -1,0 +1,270 @@
+//! The console in headless Chromium (the distribution's `chromium` and `chromium-driver`), served
+//! by the binary (`outbox-relay console`) beside a running relay: log in, read the overview,
+//! filter dead letters, open one and retry it (published, its followers after it), bulk-discard a
+//! filtered set after confirming, and check that markup in a payload and an aggregate id stays
+//! text. Takes the README's screenshots (docs/console-overview.png, docs/console-dead-letters.png;
+//! written there with `OUTBOX_UPDATE_SCREENSHOTS=1`).
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use testkit::browser::{Browser, Client, Locator};
+use testkit::outbox::{CliRelay, Env};
+use testkit::{relay_command, wait_until};
+
+use super::console::{dead_letter, followers, TOKEN};
+
+const XSS_AGGREGATE: &str = "<script>window.__xss=1</script>\"'";
+const XSS_PAYLOAD: &str = "<script>window.__xss=2</script><img src=x onerror=\"window.__xss=3\">";
+
+async fn text(c: &Client, css: &str) -> String {
+    c.find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"))
+        .text()
+        .await
+        .unwrap_or_else(|e| panic!("text of {css}: {e}"))
+}
+
+/// The text of `css` on the page now, if it is there (a page being replaced has none).
+async fn try_text(c: &Client, css: &str) -> Option<String> {
+    c.find(Locator::Css(css)).await.ok()?.text().await.ok()
+}
+
+async fn click(c: &Client, css: &str) {
+    c.find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"))
+        .click()
+        .await
+        .unwrap_or_else(|e| panic!("click {css}: {e}"));
+}
+
+async fn type_into(c: &Client, css: &str, value: &str) {
+    let input = c
+        .find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"));
+    input.clear().await.expect("clear");
+    input.send_keys(value).await.expect("type");
+}
+
+/// Waits (up to 20 s) until the element `css` exists and its text contains `wanted`.
+async fn wait_text(c: &Client, css: &str, wanted: &str) {
+    wait_until(
+        &format!("{css} to show {wanted:?}"),
+        Duration::from_secs(20),
+        || async { try_text(c, css).await.is_some_and(|t| t.contains(wanted)) },
+    )
+    .await;
+}
+
+/// No script ran: nothing set the marker the injected markup would set.
+async fn assert_no_script_ran(c: &Client) {
+    let ran = c
+        .execute("return window.__xss === undefined && document.scripts.length === 0 && document.images.length === 0;", vec![])
+        .await
+        .expect("execute");
+    assert_eq!(
+        ran,
+        serde_json::Value::Bool(true),
+        "an injected script or image is in the page"
+    );
+}
+
+/// A screenshot of the page as `name`: into docs/ (the README's) with
+/// `OUTBOX_UPDATE_SCREENSHOTS=1`, else into the temporary directory, so that a test run leaves the
+/// working tree as it was.
+async fn screenshot(c: &Client, name: &str) {
+    let png = c.screenshot().await.expect("screenshot");
+    assert!(png.starts_with(b"\x89PNG"), "a PNG");
+    let dir = if std::env::var_os("OUTBOX_UPDATE_SCREENSHOTS").is_some() {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs")
+    } else {
+        std::env::temp_dir()
+    };
+    let path = dir.join(name);
+    std::fs::write(&path, png).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+}
+
+/// `outbox-relay console` on a free port, ready.
+async fn console_binary(env: &Env) -> (CliRelay, String) {
+    let addr = testkit::free_addr();
+    let mut cmd = relay_command();
+    cmd.args(["console", "--listen", &addr.to_string()])
+        .env("DATABASE_URL", &env.db)
+        .env("OUTBOX_CONSOLE_TOKEN", TOKEN)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    let process = CliRelay::from_command(cmd);
+    wait_until("the console listening", Duration::from_secs(20), || async {
+        tokio::net::TcpStream::connect(addr).await.is_ok()
+    })
+    .await;
+    (process, format!("http://{addr}"))
+}
+
+#[tokio::test]
+async fn an_operator_works_through_the_console_in_a_browser() {
+    let _turn = testkit::heavy().await;
+    let env = Env::new().await;
+    let client = env.client().await;
+    // An hour of history for the chart.
+    client
+        .batch_execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, processed_at)
+             SELECT 'order', 'hist-' || g, 'order.created', '{}',
+                    now() - (g % 60) * interval '1 minute' - (g % 7) * interval '1 second'
+             FROM generate_series(1, 2400) g WHERE g % 60 < 40 OR g % 3 = 0",
+        )
+        .await
+        .expect("history");
+    let head = dead_letter(
+        &client,
+        "A-1",
+        "order.failed",
+        r#"{"sku": "X-1", "qty": 2, "note": "first order"}"#,
+        "publish timed out: no ack from the stream",
+    )
+    .await;
+    client
+        .execute(
+            r#"UPDATE outbox_events SET headers = '{"trace": "abc-123"}' WHERE id = $1"#,
+            &[&head],
+        )
+        .await
+        .expect("headers");
+    followers(&client, "A-1", 3).await;
+    for i in 1..=30 {
+        let id = format!("C-{i}");
+        dead_letter(
+            &client,
+            &id,
+            "invoice.failed",
+            r#"{"lines": 400}"#,
+            "stream refused: maximum payload exceeded",
+        )
+        .await;
+        followers(&client, &id, 1).await;
+    }
+    let xss = dead_letter(
+        &client,
+        XSS_AGGREGATE,
+        "order.failed",
+        &serde_json::json!({ "html": XSS_PAYLOAD }).to_string(),
+        "<b>not bold</b>",
+    )
+    .await;
+    let relay = env.spawn(env.config()).await;
+    let (console, base) = console_binary(&env).await;
+    let browser = Browser::start().await;
+    let c = &browser.client;
+
+    // Log in.
+    c.goto(&format!("{base}/")).await.expect("goto");
+    type_into(c, "#token", TOKEN).await;
+    click(c, "#login").await;
+    wait_text(c, "h1", "Overview").await;
+
+    // The overview.
+    // (The overview reloads itself every 10 s: read it through waits, which outlast a reload.)
+    wait_text(c, "#dead-letters-count", "32").await;
+    wait_text(c, "#blocked", "order / A-1").await;
+    wait_text(c, "#blocked", "publish timed out: no ack").await;
+    wait_text(c, "#relays", "outbox-relay").await;
+    c.find(Locator::Css("#chart")).await.expect("the chart");
+    assert_no_script_ran(c).await;
+    screenshot(c, "console-overview.png").await;
+
+    // The dead letters, then filtered.
+    c.goto(&format!("{base}/dead-letters")).await.expect("goto");
+    wait_text(c, "#dead-letter-list", "invoice.failed").await;
+    assert_no_script_ran(c).await;
+    let list = text(c, "#dead-letter-list").await;
+    assert!(
+        list.contains(XSS_AGGREGATE),
+        "the aggregate id as text: {list}"
+    );
+    screenshot(c, "console-dead-letters.png").await;
+    type_into(c, "#f-event_type", "order.failed").await;
+    type_into(c, "#f-aggregate_id", "A-1").await;
+    click(c, "#apply-filter").await;
+    wait_until("the filtered list", Duration::from_secs(20), || async {
+        try_text(c, "#dead-letter-list").await.is_some_and(|list| {
+            list.contains("A-1")
+                && !list.contains("invoice.failed")
+                && !list.contains("window.__xss")
+        })
+    })
+    .await;
+
+    // Open it: payload, headers, error, followers; retry it.
+    click(c, "a.event").await;
+    wait_text(c, "#state", "dead letter").await;
+    let payload = text(c, "#payload").await;
+    assert!(
+        payload.contains(r#""sku": "X-1""#),
+        "pretty-printed: {payload}"
+    );
+    assert!(text(c, "#headers").await.contains("abc-123"));
+    assert_eq!(
+        text(c, "#last-error").await,
+        "publish timed out: no ack from the stream"
+    );
+    assert_eq!(text(c, "#followers-count").await, "3");
+    click(c, "#retry").await;
+    wait_text(c, "#notice", "Retried 1 dead letter").await;
+    env.wait_stream_len(4, Duration::from_secs(30)).await;
+    let stored = env.stored().await;
+    assert_eq!(stored[0].event_id(), head, "the retried head first");
+    let ns: Vec<String> = stored[1..].iter().map(|m| m.payload.clone()).collect();
+    assert_eq!(
+        ns,
+        [r#"{"n": 1}"#, r#"{"n": 2}"#, r#"{"n": 3}"#],
+        "then its followers, in order"
+    );
+
+    // Bulk-discard every dead letter whose error says "maximum payload", after confirming.
+    c.goto(&format!("{base}/dead-letters")).await.expect("goto");
+    type_into(c, "#f-error", "maximum payload").await;
+    click(c, "#apply-filter").await;
+    wait_until("the filtered list", Duration::from_secs(20), || async {
+        try_text(c, "#dead-letter-list")
+            .await
+            .is_some_and(|list| !list.contains("order.failed"))
+    })
+    .await;
+    click(c, "#bulk-discard").await;
+    wait_text(c, "#confirm-count", "30").await;
+    assert_eq!(
+        env.count("discarded_at IS NOT NULL").await,
+        0,
+        "nothing before confirming"
+    );
+    click(c, "#confirm").await;
+    wait_text(c, "#job-state", "Done: 30 dead letters discarded").await;
+    assert_eq!(env.count("discarded_at IS NOT NULL").await, 30);
+    // Discarding released their followers.
+    env.wait_stream_len(34, Duration::from_secs(30)).await;
+
+    // Markup in a payload and an aggregate id stays text; no script ran.
+    c.goto(&format!("{base}/dead-letters/{xss}"))
+        .await
+        .expect("goto");
+    wait_text(c, "#state", "dead letter").await;
+    assert_eq!(text(c, "#aggregate-id").await, XSS_AGGREGATE);
+    assert!(text(c, "#payload")
+        .await
+        .contains("<script>window.__xss=2</script>"));
+    assert_eq!(text(c, "#last-error").await, "<b>not bold</b>");
+    assert_no_script_ran(c).await;
+    c.goto(&format!("{base}/")).await.expect("goto");
+    wait_text(c, "h1", "Overview").await;
+    assert_no_script_ran(c).await;
+
+    browser.close().await;
+    relay.stop().await;
+    assert_eq!(console.terminate(), Some(0), "the console stops on SIGTERM");
+}
