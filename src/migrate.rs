@@ -85,6 +85,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "wal",
         sql: include_str!("../sql/migrations/0005_wal.sql"),
     },
+    Migration {
+        version: 6,
+        name: "wal_rewrites",
+        sql: include_str!("../sql/migrations/0006_wal_rewrites.sql"),
+    },
 ];
 
 /// The newest schema version of this build (what `migrate` brings a database to).
@@ -326,8 +331,8 @@ mod tests {
     #[test]
     fn script_from_the_latest_version_has_only_that_migration() {
         let rest = script_from(None, current_version());
-        assert!(rest.contains("-- migration 0005_wal"), "{rest}");
-        assert!(rest.contains("outbox_wal_deferred"), "{rest}");
-        assert!(!rest.contains("-- migration 0004_"), "{rest}");
+        assert!(rest.contains("-- migration 0006_wal_rewrites"), "{rest}");
+        assert!(rest.contains("outbox_mark_rewritten"), "{rest}");
+        assert!(!rest.contains("-- migration 0005_"), "{rest}");
     }
 }

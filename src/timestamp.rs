@@ -137,9 +137,135 @@ impl<'a> FromSql<'a> for Timestamp {
     }
 }
 
+impl Timestamp {
+    /// A `timestamptz` as PostgreSQL writes it as text with `DateStyle` ISO (the default), as
+    /// logical replication sends it: `2026-12-05 11:44:54.123456+00`, an offset of hours and
+    /// optionally minutes and seconds, or `infinity` / `-infinity`. `None` for any other form
+    /// (another `DateStyle`, a BC date, a year past 9999): the caller reads the value otherwise.
+    pub(crate) fn parse_iso(text: &str) -> Option<Timestamp> {
+        match text {
+            "infinity" => {
+                return Some(Timestamp {
+                    pg_micros: i64::MAX,
+                })
+            }
+            "-infinity" => {
+                return Some(Timestamp {
+                    pg_micros: i64::MIN,
+                })
+            }
+            _ => {}
+        }
+        let b = text.as_bytes();
+        let num = |from: usize, len: usize| -> Option<u32> {
+            let digits = b.get(from..from.checked_add(len)?)?;
+            digits.iter().try_fold(0u32, |n, d| {
+                d.is_ascii_digit().then(|| n * 10 + u32::from(d - b'0'))
+            })
+        };
+        let sep = |at: usize, c: u8| b.get(at) == Some(&c);
+        if !(sep(4, b'-') && sep(7, b'-') && sep(10, b' ') && sep(13, b':') && sep(16, b':')) {
+            return None;
+        }
+        let year = i32::try_from(num(0, 4)?).ok()?;
+        let month = time::Month::try_from(u8::try_from(num(5, 2)?).ok()?).ok()?;
+        let date = time::Date::from_calendar_date(year, month, u8::try_from(num(8, 2)?).ok()?);
+        let (hour, minute, second) = (num(11, 2)?, num(14, 2)?, num(17, 2)?);
+        let mut at = 19;
+        let mut micros = 0u32;
+        if sep(at, b'.') {
+            let digits = b[at + 1..]
+                .iter()
+                .take_while(|d| d.is_ascii_digit())
+                .count();
+            if !(1..=6).contains(&digits) {
+                return None;
+            }
+            micros = num(at + 1, digits)? * 10u32.pow(6 - u32::try_from(digits).ok()?);
+            at += 1 + digits;
+        }
+        let sign: i32 = match b.get(at) {
+            Some(b'+') => 1,
+            Some(b'-') => -1,
+            _ => return None,
+        };
+        let mut offset = [num(at + 1, 2)?, 0, 0];
+        at += 3;
+        for part in offset.iter_mut().skip(1) {
+            if !sep(at, b':') {
+                break;
+            }
+            *part = num(at + 1, 2)?;
+            at += 3;
+        }
+        if at != b.len() {
+            return None;
+        }
+        let time = time::Time::from_hms_micro(
+            u8::try_from(hour).ok()?,
+            u8::try_from(minute).ok()?,
+            u8::try_from(second).ok()?,
+            micros,
+        )
+        .ok()?;
+        let offset_seconds =
+            sign * i32::try_from(offset[0] * 3600 + offset[1] * 60 + offset[2]).ok()?;
+        let utc = date
+            .ok()?
+            .with_time(time)
+            .assume_utc()
+            .unix_timestamp_nanos()
+            / 1000
+            - i128::from(offset_seconds) * 1_000_000;
+        let unix = i64::try_from(utc).ok()?;
+        Some(Timestamp {
+            pg_micros: unix.checked_sub(PG_EPOCH_OFFSET_MICROS)?,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn iso_text_as_logical_replication_sends_it() {
+        let cases: &[(&str, Option<i64>)] = &[
+            ("2000-01-01 00:00:00+00", Some(0)),
+            ("2000-01-01 00:00:00.5+00", Some(500_000)),
+            ("2000-01-01 00:00:00.000001+00", Some(1)),
+            ("2000-01-01 01:00:00+01", Some(0)),
+            ("1999-12-31 18:30:00-05:30", Some(0)),
+            ("2000-01-01 00:00:01+00:00:01", Some(0)),
+            ("1969-07-20 20:17:40.5+00", Some(-960_867_739_500_000)),
+            ("infinity", Some(i64::MAX)),
+            ("-infinity", Some(i64::MIN)),
+            // Other forms are read from the table instead.
+            ("0099-01-01 00:00:00+00 BC", None),
+            ("10000-01-01 00:00:00+00", None),
+            ("Sat Dec 05 11:44:54 2026 UTC", None),
+            ("2000-01-01 00:00:00.1234567+00", None),
+            ("2000-01-01 00:00:00", None),
+            ("2000-02-30 00:00:00+00", None),
+            ("2000-01-01 24:00:00+00", None),
+            ("", None),
+            ("2000-01-01 00:00:00+0", None),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(
+                Timestamp::parse_iso(text).map(|t| t.pg_micros),
+                *expected,
+                "{text}"
+            );
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn iso_text_never_panics(text in "\\PC{0,40}") {
+            let _ = Timestamp::parse_iso(&text);
+        }
+    }
 
     fn at(pg_micros: i64) -> Timestamp {
         Timestamp { pg_micros }

@@ -418,7 +418,7 @@ impl Cpu {
 }
 
 /// utime + stime of `pid` (with `reaped`: plus its reaped children's), in seconds.
-fn proc_cpu(pid: u32, reaped: bool) -> f64 {
+pub(crate) fn proc_cpu(pid: u32, reaped: bool) -> f64 {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return 0.0;
     };

@@ -32,6 +32,7 @@
 //! the `testkit` harness crate), `report` the rows, the table and `results.json`, `charts` the SVG
 //! charts (drawn by `testkit::charts`).
 
+mod bare;
 mod charts;
 mod drain;
 mod env;

@@ -1,10 +1,12 @@
 //! Scenario 6, `wal`: the WAL source (`--source wal`) against the table source, in one run on the
 //! same servers: a backlog drain (with CPU per event of the relay, PostgreSQL and nats-server),
-//! idle latency, and 16 writers with the relay keeping up.
+//! against the bare JetStream publisher of the same messages (the machine's limit), idle latency,
+//! and 16 writers with the relay keeping up.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::bare::bare_publisher;
 use crate::drain::{drain_variant, Drainer};
 use crate::env::*;
 use crate::idle_latency::idle_latency;
@@ -60,6 +62,11 @@ pub(crate) async fn scenario_wal(ctx: Arc<Ctx>) -> Vec<Row> {
             let fut = drain_variant(ctx.clone(), S, variant.clone(), backlog, drainer, false);
             rows.push(isolated(S, variant, limit, fut).await);
         }
+        // The machine's limit for these messages: JetStream alone.
+        let variant = format!("bare JetStream publisher, same messages, round {round}");
+        let limit = ctx.drain_timeout(events, false) + Duration::from_secs(60);
+        let fut = bare_publisher(ctx.clone(), S, variant.clone(), backlog);
+        rows.push(isolated(S, variant, limit, fut).await);
     }
     let n = if ctx.quick { 100 } else { 500 };
     for (variant, extra) in [

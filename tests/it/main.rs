@@ -69,6 +69,7 @@ mod sqlx_writer;
 mod tls;
 mod wakeup;
 mod wal;
+mod wal_content;
 mod wal_memory;
 mod wal_publication;
 mod wal_visibility;

@@ -641,7 +641,9 @@ impl<'a> FromSql<'a> for Payload {
 /// `numeric`, and no float is taken on the way; objects and arrays without their spaces).
 /// Anything else is a defect of the row: it is dead-lettered rather than published without the
 /// headers its writer meant it to have.
-fn headers_from_json(text: Option<String>) -> (BTreeMap<String, String>, Option<String>) {
+pub(crate) fn headers_from_json(
+    text: Option<String>,
+) -> (BTreeMap<String, String>, Option<String>) {
     use serde_json::value::RawValue;
     let Some(text) = text else {
         return (BTreeMap::new(), None);

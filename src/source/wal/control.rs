@@ -54,6 +54,9 @@ pub(crate) struct WalState {
     /// What the publication publishes.
     pub published: Publication,
     pub slot: Option<SlotInfo>,
+    /// A row changed after its insert is marked (the version 6 trigger), so rows may be
+    /// published from what the stream carried.
+    pub rewrites_marked: bool,
 }
 
 impl WalState {
@@ -171,6 +174,7 @@ impl Control {
                 active_pid: row.try_get("active_pid").ok().flatten(),
                 caught_up: row.try_get("caught_up").unwrap_or(false),
             }),
+            rewrites_marked: row.try_get("rewrites_marked")?,
         })
     }
 
@@ -372,6 +376,7 @@ mod tests {
                 active_pid: None,
                 caught_up,
             }),
+            rewrites_marked: true,
         }
     }
 

@@ -180,7 +180,10 @@ impl WalSource<'_> {
             &self.slot,
             (&state.publication, state.published.table_oid),
             buffer,
-            self.batch.max_bytes,
+            (
+                self.batch.max_bytes,
+                state.rewrites_marked && self.stores[0].publishes_streamed(),
+            ),
         );
         let Some(stream) = until_shutdown(shutdown, start).await else {
             tracing::info!(slot = %self.slot, "stopped while the replication stream was starting");

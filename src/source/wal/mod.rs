@@ -24,6 +24,7 @@ pub(crate) mod pipeline;
 pub(crate) mod publication;
 pub(crate) mod store;
 pub(crate) mod stream;
+pub(crate) mod streamed;
 mod sweep;
 
 use std::time::Duration;

@@ -19,11 +19,12 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::hash::BuildHasher;
+use std::sync::Arc;
 
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use uuid::Uuid;
 
-use crate::event::AggregateKey;
+use crate::event::{AggregateKey, OutboxEvent};
 
 /// A streamed row to claim by id, with its aggregate.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,7 +36,23 @@ pub(crate) struct Candidate {
     pub xid: u32,
     /// The row's bytes as streamed (or measured in the table): what it weighs in a batch.
     pub size: usize,
+    /// The row as its INSERT wrote it, when the stream carried all of it and nothing in its
+    /// transaction changed it: published as it is if the claim finds the row unchanged since.
+    pub content: Option<Streamed>,
 }
+
+/// A streamed row's content, shared (not copied) while the row moves through the pipeline.
+#[derive(Debug, Clone)]
+pub(crate) struct Streamed(pub Arc<OutboxEvent>);
+
+/// The same content (the pipeline compares rows, never their bytes).
+impl PartialEq for Streamed {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Streamed {}
 
 /// One fact from the replication stream.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -20,6 +20,7 @@ use crate::source::table::store::{
 
 const CLAIM_IDS: &str = include_str!("../../../sql/queries/wal/claim_ids.sql");
 const LOCK_IDS: &str = include_str!("../../../sql/queries/wal/lock_ids.sql");
+const LOCK_STREAMED: &str = include_str!("../../../sql/queries/wal/lock_streamed.sql");
 const DELETE_PUBLISHED: &str = include_str!("../../../sql/queries/wal/delete_published.sql");
 const DELETE_PUBLISHED_IDS: &str =
     include_str!("../../../sql/queries/wal/delete_published_ids.sql");
@@ -38,6 +39,8 @@ const PENDING_OF_TYPES: &[Type] = &[Type::TEXT_ARRAY, Type::TEXT_ARRAY, Type::IN
 pub(crate) struct WalStatements {
     /// `claim_ids.sql` (marking) or `lock_ids.sql` (`--wal-marking delete`).
     claim_ids: Stmt,
+    /// `--wal-marking delete`: `lock_streamed.sql`, for rows whose content the stream carried.
+    lock_streamed: Option<Stmt>,
     /// `--wal-marking delete`: by where the rows are (`delete_published.sql`), and by id
     /// (`delete_published_ids.sql`) for rows claimed from the table (the catch-up).
     delete_published: Option<(Stmt, Stmt)>,
@@ -49,18 +52,20 @@ pub(crate) struct WalStatements {
 
 impl WalStatements {
     pub async fn new(client: &Client, prepare: bool, marking: WalMarking) -> Result<WalStatements> {
-        let (claim, delete) = match marking {
-            WalMarking::Update => (CLAIM_IDS, None),
+        let (claim, delete, lock_streamed) = match marking {
+            WalMarking::Update => (CLAIM_IDS, None, None),
             WalMarking::Delete => (
                 LOCK_IDS,
                 Some((
                     Stmt::new(client, DELETE_PUBLISHED, TIDS_UUIDS, prepare).await?,
                     Stmt::new(client, DELETE_PUBLISHED_IDS, UUIDS, prepare).await?,
                 )),
+                Some(Stmt::new(client, LOCK_STREAMED, UUIDS, prepare).await?),
             ),
         };
         Ok(WalStatements {
             claim_ids: Stmt::new(client, claim, UUIDS, prepare).await?,
+            lock_streamed,
             delete_published: delete,
             row_states: Stmt::new(client, ROW_STATES, ROW_STATES_TYPES, prepare).await?,
             pending_of: Stmt::new(client, PENDING_OF, PENDING_OF_TYPES, prepare).await?,
@@ -198,6 +203,13 @@ impl WalStore {
             marking,
             statements: None,
         }
+    }
+
+    /// Whether a claim publishes a streamed row from the content the stream carried (when the
+    /// row is unchanged since): with `--wal-marking delete`, whose claim only locks. Marking
+    /// writes the row in the claim, before it could tell.
+    pub fn publishes_streamed(&self) -> bool {
+        self.marking == WalMarking::Delete
     }
 
     /// The table source's side of the connection.
@@ -372,6 +384,7 @@ impl WalStore {
                     aggregate: key.clone(),
                     xid: 0,
                     size: row.size,
+                    content: None,
                 });
                 taken += 1;
             }
@@ -419,9 +432,49 @@ async fn claim_in(
     if candidates.is_empty() {
         return Ok((Taken::default(), HashMap::new(), Vec::new()));
     }
-    let ids: Vec<Uuid> = candidates.iter().map(|c| c.id).collect();
     let mut taken = Taken::default();
-    taken.add(read_claim(client, &wal.claim_ids, &[&ids]).await?);
+    // Rows whose content the stream carried are locked without reading it; read are the others,
+    // and those changed since the streamed transaction.
+    let mut read: Vec<Uuid> = Vec::with_capacity(candidates.len());
+    match &wal.lock_streamed {
+        Some(lock) if candidates.iter().any(|c| c.content.is_some()) => {
+            let mut streamed: HashMap<Uuid, &Candidate> = HashMap::new();
+            for c in candidates {
+                match &c.content {
+                    Some(_) if c.xid != 0 => {
+                        streamed.insert(c.id, c);
+                    }
+                    _ => read.push(c.id),
+                }
+            }
+            let ids: Vec<Uuid> = streamed.keys().copied().collect();
+            for row in lock.query(client, &[&ids]).await? {
+                let id: Uuid = row.try_get("id")?;
+                let xmin: i64 = row.try_get("xmin")?;
+                let rewritten: bool = row.try_get("rewritten")?;
+                let content = streamed.get(&id).and_then(|c| {
+                    let same = !rewritten && u32::try_from(xmin).is_ok_and(|x| x == c.xid);
+                    same.then_some(c.content.as_ref()).flatten()
+                });
+                match content {
+                    Some(content) => {
+                        taken.tids.insert(id, row.try_get("tid")?);
+                        taken.claimed.insert(id, OutboxEvent::clone(&content.0));
+                    }
+                    None => read.push(id),
+                }
+            }
+        }
+        _ => read.extend(candidates.iter().map(|c| c.id)),
+    }
+    tracing::debug!(
+        from_stream = taken.claimed.len(),
+        from_table = read.len(),
+        "rows claimed by id"
+    );
+    if !read.is_empty() {
+        taken.add(read_claim(client, &wal.claim_ids, &[&read]).await?);
+    }
     let (missing, xids): (Vec<Uuid>, Vec<i64>) = candidates
         .iter()
         .filter(|c| !taken.claimed.contains_key(&c.id))
@@ -575,6 +628,7 @@ mod tests {
             aggregate: ("order".into(), aggregate.into()),
             xid: 0,
             size: 0,
+            content: None,
         }
     }
 

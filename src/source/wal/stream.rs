@@ -4,6 +4,7 @@
 //! position. The pipeline (`source::wal::pipeline`) sees these, never the protocol.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use pgwire_replication::{
@@ -15,29 +16,35 @@ use tokio_postgres::config::Host;
 use uuid::Uuid;
 
 use super::pgoutput::{self, Message, Relation, Value};
+use super::streamed::EventColumns;
 use crate::db::tls::{Mode, RootCert, TlsSettings};
 use crate::error::{Error, Result};
 use crate::event::AggregateKey;
 use crate::source::wal::control::ServerAddr;
-use crate::source::wal::pipeline::Candidate;
+use crate::source::wal::pipeline::{Candidate, Streamed};
 
 pub(crate) use crate::source::wal::pipeline::Change;
 
-/// Where `id`, `aggregate_type` and `aggregate_id` are in a relation's tuples.
+/// Where `id`, `aggregate_type` and `aggregate_id` are in a relation's tuples, and the other
+/// columns of an event (`None`: the publication leaves some out).
 #[derive(Debug, Clone, Copy)]
 struct Columns {
     id: usize,
     aggregate_type: usize,
     aggregate_id: usize,
+    event: Option<EventColumns>,
 }
 
 /// A running replication stream from one slot.
 ///
 /// A task of its own (the pump) takes each message from the replication client as it arrives and
-/// decodes it at once: an insert keeps its id and aggregate, and the row's bytes go. What waits
-/// for the relay is decoded changes (`buffer_events` at most, about a hundred bytes each whatever
-/// the rows hold), never the rows: a transaction of any size is held as its candidates. The rows
-/// waiting undecoded in the client are bounded by [`raw_events`] (from the batch byte budget).
+/// decodes it at once: an insert keeps its id and aggregate, and the row's bytes go, except for
+/// rows up to [`content_limit`] when `content` is on: those keep the event they describe, to be
+/// published without reading the row again. What waits for the relay is decoded changes
+/// (`buffer_events` at most: about a hundred bytes each, plus the content kept, at most half the
+/// batch byte budget in all), never larger rows: a transaction of any size is held as its
+/// candidates. The rows waiting undecoded in the client are bounded by [`raw_events`] (from the
+/// batch byte budget).
 pub(crate) struct Stream {
     changes: mpsc::Receiver<Result<Change>>,
     /// The position the relay is done with, for the pump to hand to the client.
@@ -53,14 +60,16 @@ impl Stream {
     /// `server`: where the relay's control connection is (the stream must reach the same server).
     /// `table`: the outbox table's oid; a publication for all tables streams others too.
     /// `buffer_events`: decoded changes held for the relay; `max_bytes`: the byte budget of a
-    /// batch, which bounds the rows held undecoded ([`raw_events`]).
+    /// batch, which bounds the rows held undecoded ([`raw_events`]) and the content kept
+    /// ([`content_limit`]). `content`: keep the content of small rows (rows changed after their
+    /// insert are marked, so the relay can tell when it is the row as committed).
     pub async fn start(
         url: &str,
         server: ServerAddr,
         slot: &str,
         (publication, table): (&str, Option<u32>),
         buffer_events: usize,
-        max_bytes: usize,
+        (max_bytes, content): (usize, bool),
     ) -> Result<Stream> {
         let (config, tls) = crate::db::parse_with_tls(url, URL_FIELD)?;
         let target = stream_host(&config, server).await;
@@ -77,6 +86,7 @@ impl Stream {
             relations: HashMap::new(),
             table,
             xid: 0,
+            content_limit: content.then(|| content_limit(max_bytes, buffer_events)),
         };
         let pump = tokio::spawn(pump(client, decoder, changes_tx, confirmed_rx, stop_rx));
         Ok(Stream {
@@ -143,6 +153,13 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 /// once `buffer_events` decoded changes wait for the relay.
 fn raw_events(max_bytes: usize, buffer_events: usize) -> usize {
     (max_bytes / (4 * RAW_ROW_BYTES)).clamp(1, buffer_events.max(1))
+}
+
+/// The largest streamed row whose content the stream keeps: the decoded changes waiting for the
+/// relay then hold at most half the batch byte budget (8 KiB a row at the default 32 MiB and batch
+/// size 1000). Larger rows are read from the table.
+fn content_limit(max_bytes: usize, buffer_events: usize) -> usize {
+    max_bytes / (2 * buffer_events.max(1))
 }
 
 /// The row size [`raw_events`] plans for: 1 MiB, NATS's default `max_payload` (the largest event
@@ -235,6 +252,8 @@ struct Decoder {
     table: Option<u32>,
     /// The transaction whose changes come now (from its Begin).
     xid: u32,
+    /// The largest row whose content is kept (`None`: none is).
+    content_limit: Option<usize>,
 }
 
 impl Decoder {
@@ -272,7 +291,14 @@ impl Decoder {
                         })?;
                         match columns {
                             Some(columns) => {
-                                Some(Change::Insert(candidate(columns, &values, self.xid, size)?))
+                                let mut c = candidate(columns, &values, self.xid, size)?;
+                                if self.content_limit.is_some_and(|limit| size <= limit) {
+                                    c.content = columns
+                                        .event
+                                        .and_then(|e| e.event(&values, c.id))
+                                        .map(|e| Streamed(Arc::new(e)));
+                                }
+                                Some(Change::Insert(c))
                             }
                             None => None,
                         }
@@ -301,6 +327,7 @@ fn columns(relation: &Relation) -> Result<Columns> {
         id: find("id")?,
         aggregate_type: find("aggregate_type")?,
         aggregate_id: find("aggregate_id")?,
+        event: EventColumns::of(relation),
     })
 }
 
@@ -337,6 +364,7 @@ fn candidate(columns: &Columns, values: &[Value], xid: u32, size: usize) -> Resu
         aggregate,
         xid,
         size,
+        content: None,
     })
 }
 
@@ -515,6 +543,96 @@ fn replication_error(e: PgWireError) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn small_inserts_keep_their_content() {
+        use bytes::Bytes;
+        const COLUMNS: [&str; 12] = crate::source::wal::streamed::TEST_COLUMNS;
+        let xlog = |data: Vec<u8>| ReplicationEvent::XLogData {
+            wal_start: Lsn::from_u64(0),
+            wal_end: Lsn::from_u64(0),
+            server_time_micros: 0,
+            data: Bytes::from(data),
+        };
+        let mut relation = vec![b'R'];
+        relation.extend(7u32.to_be_bytes());
+        relation.extend(b"public\0outbox_events\0");
+        relation.push(b'd');
+        relation.extend(12u16.to_be_bytes());
+        for name in COLUMNS {
+            relation.push(0);
+            relation.extend(name.as_bytes());
+            relation.push(0);
+            relation.extend(25u32.to_be_bytes());
+            relation.extend(u32::MAX.to_be_bytes());
+        }
+        // An insert of row `n` with a payload of `payload_bytes`.
+        let insert = |n: u8, payload_bytes: usize| {
+            let id = Uuid::from_bytes([n; 16]).to_string();
+            let payload = format!("\"{}\"", "x".repeat(payload_bytes));
+            let values: [Option<&str>; 12] = [
+                Some(&id),
+                Some("order"),
+                Some("a"),
+                Some("order.created"),
+                Some(&payload),
+                Some("0"),
+                Some("2026-12-05 11:44:54.123456+00"),
+                None,
+                Some("1"),
+                None,
+                None,
+                None,
+            ];
+            let mut b = vec![b'I'];
+            b.extend(7u32.to_be_bytes());
+            b.push(b'N');
+            b.extend(12u16.to_be_bytes());
+            for v in values {
+                match v {
+                    None => b.push(b'n'),
+                    Some(text) => {
+                        b.push(b't');
+                        b.extend(u32::try_from(text.len()).expect("short").to_be_bytes());
+                        b.extend(text.as_bytes());
+                    }
+                }
+            }
+            xlog(b)
+        };
+        let begin = ReplicationEvent::Begin {
+            final_lsn: Lsn::from_u64(0),
+            xid: 5,
+            commit_time_micros: 0,
+        };
+        for (limit, payload, kept) in [
+            (Some(1000), 10, true),
+            (Some(1000), 2000, false),
+            (None, 10, false),
+        ] {
+            let mut d = Decoder {
+                relations: HashMap::new(),
+                table: Some(7),
+                xid: 0,
+                content_limit: limit,
+            };
+            assert!(d
+                .change(xlog(relation.clone()))
+                .expect("relation")
+                .is_none());
+            assert_eq!(d.change(begin.clone()).expect("begin"), Some(Change::Begin));
+            let Some(Change::Insert(c)) = d.change(insert(1, payload)).expect("insert") else {
+                panic!("an insert")
+            };
+            assert_eq!(c.xid, 5);
+            assert_eq!(c.content.is_some(), kept, "{limit:?} {payload}");
+            if let Some(content) = c.content {
+                assert_eq!((content.0.id, content.0.seq), (c.id, 1));
+                assert_eq!(content.0.event_type, "order.created");
+                assert_eq!(content.0.payload.len(), payload + 2);
+            }
+        }
+    }
 
     #[test]
     fn the_rows_read_ahead_take_a_quarter_of_the_byte_budget() {

@@ -200,6 +200,7 @@ impl World {
                             aggregate: key(r.aggregate),
                             xid: 1,
                             size: 1,
+                            content: None,
                         }));
                     }
                     p.stream(Change::Commit { end });
@@ -485,6 +486,7 @@ fn a_row_not_visible_is_carried_while_its_aggregate_goes_to_the_table_and_back()
         aggregate: key(0),
         xid: 1,
         size: 1,
+        content: None,
     };
     p.stream(Change::Begin);
     p.stream(Change::Insert(row.clone()));
@@ -518,6 +520,7 @@ fn a_carried_row_keeps_the_slot_waiting_only_until_it_is_resolved() {
             aggregate: key(0),
             xid: 1,
             size: 1,
+            content: None,
         })
         .collect();
     for (n, r) in rows.iter().enumerate() {
