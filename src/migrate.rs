@@ -90,6 +90,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "wal_rewrites",
         sql: include_str!("../sql/migrations/0006_wal_rewrites.sql"),
     },
+    Migration {
+        version: 7,
+        name: "status_indexes",
+        sql: include_str!("../sql/migrations/0007_status_indexes.sql"),
+    },
 ];
 
 /// The newest schema version of this build (what `migrate` brings a database to).
@@ -99,7 +104,9 @@ pub fn current_version() -> i32 {
 
 /// The oldest schema version this build runs against (the relay and the operator commands check
 /// it). Lower than [`current_version`] while the newer versions only add what works without them
-/// (version 4: an index that makes the processed_events retention faster), so a relay can be
+/// (version 4: an index that makes the processed_events retention faster; version 6: what lets
+/// the wal source publish what the stream carried; version 7: an index that makes the dead-letter
+/// counts and the blocked aggregates fast), so a relay can be
 /// upgraded before the schema.
 pub const REQUIRED_VERSION: i32 = 3;
 
@@ -331,8 +338,8 @@ mod tests {
     #[test]
     fn script_from_the_latest_version_has_only_that_migration() {
         let rest = script_from(None, current_version());
-        assert!(rest.contains("-- migration 0006_wal_rewrites"), "{rest}");
-        assert!(rest.contains("outbox_mark_rewritten"), "{rest}");
-        assert!(!rest.contains("-- migration 0005_"), "{rest}");
+        assert!(rest.contains("-- migration 0007_status_indexes"), "{rest}");
+        assert!(rest.contains("outbox_events_dead_letters_idx"), "{rest}");
+        assert!(!rest.contains("-- migration 0006_"), "{rest}");
     }
 }

@@ -118,7 +118,7 @@ impl<'c> Outbox<'c> {
     /// What `outbox-relay status` counts.
     pub async fn status(&mut self) -> Result<Status> {
         let tx = self.checked_transaction().await?;
-        let status = read_status(&tx).await?;
+        let status = read_status(&tx, None).await?;
         tx.commit().await?;
         Ok(status)
     }
@@ -145,7 +145,7 @@ impl<'c> Outbox<'c> {
     /// counts and the list): what `outbox-relay status` shows.
     pub async fn overview(&mut self, limit: i64) -> Result<Overview> {
         let tx = self.checked_transaction().await?;
-        let status = read_status(&tx).await?;
+        let status = read_status(&tx, None).await?;
         let blocked = read_blocked_aggregates(&tx, limit).await?;
         let wal_slots = read_wal_slots(&tx).await?;
         tx.commit().await?;
@@ -472,9 +472,15 @@ pub struct Status {
     pub(crate) first_future_dated_seq: Option<i64>,
 }
 
-/// The status of the outbox in the connection's current search_path.
-pub(crate) async fn read_status<C: GenericClient + Sync>(client: &C) -> Result<Status> {
-    let row = client.query_typed_one(STATUS, &[]).await?;
+/// The status of the outbox in the connection's current search_path, its blocked aggregates
+/// counted up to `blocked_up_to` (`None`: all of them).
+pub(crate) async fn read_status<C: GenericClient + Sync>(
+    client: &C,
+    blocked_up_to: Option<i64>,
+) -> Result<Status> {
+    let row = client
+        .query_typed_one(STATUS, &[(&blocked_up_to, Type::INT8)])
+        .await?;
     Ok(Status {
         pending: row.get("pending"),
         oldest_pending_age_seconds: row.get("oldest_pending_age_seconds"),

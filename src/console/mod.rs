@@ -174,9 +174,10 @@ pub(crate) struct App {
     pub(crate) sessions: auth::Sessions,
     pub(crate) throttle: auth::Throttle,
     pub(crate) jobs: bulk::Jobs,
-    /// The last overview and when it was read: its counts scan every pending row (seconds on a
-    /// million dead letters), so browsers reloading it share one reading for [`OVERVIEW_FRESH`],
-    /// and only one reading runs at a time. Actions clear it.
+    /// The last overview and when it was read: its counts read every pending row and every dead
+    /// letter (under a second on a million dead letters with schema version 7, seconds
+    /// without it), so browsers reloading it share one reading for [`OVERVIEW_FRESH`], and only
+    /// one reading runs at a time. Actions clear it.
     overview: tokio::sync::Mutex<Option<(Instant, Arc<actions::Overview>)>>,
 }
 

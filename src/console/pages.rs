@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::response::Html;
 use uuid::Uuid;
 
-use super::actions::{Action, Overview};
+use super::actions::{Action, Overview, BLOCKED_COUNTED};
 use super::auth::Identity;
 use super::bulk::JobState;
 use super::queries::{Detail, Filter, Follower, ListedDeadLetter};
@@ -291,9 +291,15 @@ pub(crate) fn overview(app: &App, who: &Identity, o: &Overview) -> Html<String> 
         ),
         s.dead_letters > 0,
     ));
+    let blocked_capped = s.blocked_aggregates > BLOCKED_COUNTED;
+    let blocked_count = if blocked_capped {
+        format!("{}+", num(BLOCKED_COUNTED))
+    } else {
+        num(s.blocked_aggregates)
+    };
     b.push_str(&card(
         "blocked aggregates",
-        &num(s.blocked_aggregates),
+        &format!(r#"<span id="blocked-count">{blocked_count}</span>"#),
         s.blocked_aggregates > 0,
     ));
     if s.future_dated > 0 {
@@ -321,7 +327,15 @@ pub(crate) fn overview(app: &App, who: &Identity, o: &Overview) -> Html<String> 
             );
         }
         b.push_str("</table>");
-        if s.blocked_aggregates > o.blocked.len() as i64 {
+        if blocked_capped {
+            let _ = write!(
+                b,
+                r#"<p id="blocked-capped">The {} oldest of more than {} (the overview counts up to {}; <code>outbox-relay status</code> counts them all).</p>"#,
+                o.blocked.len(),
+                num(BLOCKED_COUNTED),
+                num(BLOCKED_COUNTED)
+            );
+        } else if s.blocked_aggregates > o.blocked.len() as i64 {
             let _ = write!(
                 b,
                 "<p>The {} oldest of {}.</p>",

@@ -820,7 +820,18 @@ async fn pages_on_a_million_dead_letters() {
         .get(0);
     // What the overview reads, one statement at a time.
     for (what, sql) in [
-        ("status", include_str!("../../sql/queries/ops/status.sql")),
+        (
+            "status",
+            include_str!("../../sql/queries/ops/status.sql")
+                .replace("$1", "NULL")
+                .as_str(),
+        ),
+        (
+            "status, blocked aggregates counted up to 10,000",
+            include_str!("../../sql/queries/ops/status.sql")
+                .replace("$1", "10001")
+                .as_str(),
+        ),
         (
             "blocked aggregates",
             &include_str!("../../sql/queries/ops/blocked_aggregates.sql").replace("$1", "20"),
@@ -1332,4 +1343,55 @@ async fn the_overview_shows_the_wal_slots() {
     );
     assert!(row.contains("<td>no</td>"), "not streaming: {row}");
     assert!(row.contains("<td>reserved</td>"), "wal_status: {row}");
+}
+
+/// More than 10,000 blocked aggregates: the overview counts up to 10,000 and says so; the dead
+/// letters are counted exactly, and so are the blocked aggregates of `status`.
+#[tokio::test]
+async fn the_overview_counts_blocked_aggregates_up_to_10000() {
+    let db = shared_pg().create_migrated_database().await;
+    let client = testkit::pg_client(&db).await;
+    client
+        .batch_execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, attempts,
+                                        last_error, dead_lettered_at)
+             SELECT 'order', 'agg-' || g, 'order.created', '{}', 5, 'publish timed out', now()
+             FROM generate_series(1, 10002) g;",
+        )
+        .await
+        .expect("dead letters");
+    followers(&client, "agg-1", 3).await;
+    let console = Console::start(&db, |_| {}).await;
+    let bearer = format!("Bearer {TOKEN}");
+    let res = console.get("/", &[("authorization", &bearer)]).await;
+    assert_eq!(res.status, 200, "{}", res.body);
+    assert!(
+        res.body
+            .contains(r#"<span id="blocked-count">10,000+</span>"#),
+        "{}",
+        res.body
+    );
+    assert!(
+        res.body.contains(r#"<p id="blocked-capped">"#),
+        "{}",
+        res.body
+    );
+    assert!(
+        res.body.contains(">10,002</a>"),
+        "dead letters exact: {}",
+        res.body
+    );
+    assert!(res.body.contains("<td>order / agg-1</td>"), "{}", res.body);
+
+    let mut client = testkit::pg_client(&db).await;
+    let overview = outbox_relay::ops::Outbox::new(&mut client, None)
+        .overview(20)
+        .await
+        .expect("status");
+    assert_eq!(overview.status.blocked_aggregates, 10_002);
+    assert_eq!(overview.status.dead_letters, 10_002);
+    assert_eq!(overview.status.pending, 3);
+    assert_eq!(overview.blocked.len(), 20);
+    assert_eq!(overview.blocked[0].aggregate_id, "agg-1");
+    assert_eq!(overview.blocked[0].waiting_events, 3);
 }
