@@ -300,8 +300,8 @@ impl WalSource<'_> {
             Some((batch, index, result))
         };
         let claim = async {
-            let (cut, store) = (cut?, claim_s?);
-            let result = store.claim_ids(&cut.rows).await;
+            let (mut cut, store) = (cut?, claim_s?);
+            let result = store.claim_ids(&mut cut.rows).await;
             Some((cut.batch, result))
         };
         let (recorded, published, claimed) = tokio::join!(record, publish, claim);

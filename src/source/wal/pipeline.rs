@@ -283,7 +283,18 @@ impl Pipeline {
         self.next_batch += 1;
         self.queued.0 -= taken.len();
         self.queued.1 = self.queued.1.saturating_sub(bytes);
-        let rows = taken.iter().map(|i| self.rows[i].row.clone()).collect();
+        // The content goes with the batch (the claim uses it once, without a copy); a row that
+        // comes back from the batch is read from the table.
+        let mut rows = Vec::with_capacity(taken.len());
+        for i in &taken {
+            if let Some(t) = self.rows.get_mut(i) {
+                let content = t.row.content.take();
+                rows.push(Candidate {
+                    content,
+                    ..t.row.clone()
+                });
+            }
+        }
         self.flights.push_back(Flight {
             id,
             stage: Stage::Claiming,
@@ -316,12 +327,18 @@ impl Pipeline {
             let row = &rows[index].row;
             let key = &row.aggregate;
             let state = found.get(&row.id).copied().unwrap_or(Found::NotVisible);
+            // The sets are looked at only when not empty: hashing every row's aggregate is most of
+            // this loop's cost, and in a steady stream they are.
+            let in_set = |set: &HashSet<&AggregateKey>| !set.is_empty() && set.contains(key);
             let fate = if state == Found::Done {
                 Fate::Done
-            } else if carrying.contains(key) || state == Found::NotVisible {
+            } else if state == Found::NotVisible || in_set(&carrying) {
                 carrying.insert(key);
                 Fate::Carry
-            } else if to_table.contains(key) || held.contains(key) || state == Found::Pending {
+            } else if state == Found::Pending
+                || in_set(&to_table)
+                || (!held.is_empty() && held.contains(key))
+            {
                 to_table.insert(key);
                 flight.handed.insert(key.clone());
                 Fate::Table
@@ -366,7 +383,10 @@ impl Pipeline {
             }
         }
         let handed = |key: &AggregateKey| {
-            self.held.contains(key) || earlier.iter().any(|f| f.handed.contains(key))
+            (!self.held.is_empty() && self.held.contains(key))
+                || earlier
+                    .iter()
+                    .any(|f| !f.handed.is_empty() && f.handed.contains(key))
         };
         let mut groups: Vec<Vec<Uuid>> = Vec::new();
         let mut group_of: HashMap<&AggregateKey, usize> = HashMap::new();
@@ -375,9 +395,10 @@ impl Pipeline {
                 continue;
             }
             let row = &self.rows[index].row;
-            if carried_from
-                .get(&row.aggregate)
-                .is_some_and(|first| first < index)
+            if !carried_from.is_empty()
+                && carried_from
+                    .get(&row.aggregate)
+                    .is_some_and(|first| first < index)
             {
                 *fate = Fate::Carry;
             } else if handed(&row.aggregate) {

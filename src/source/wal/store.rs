@@ -4,13 +4,14 @@
 //! claim), with statements of its own prepared on the same connection.
 
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Client;
 use uuid::Uuid;
 
-use super::pipeline::{Candidate, Found};
+use super::pipeline::{Candidate, Found, Streamed};
 use crate::config::WalMarking;
 use crate::error::Result;
 use crate::event::{AggregateKey, OutboxEvent};
@@ -285,7 +286,8 @@ impl WalStore {
     /// Opens a transaction and claims the pending, eligible rows among `candidates`, skipping rows
     /// another session holds. Returns the claim (no groups yet: the pipeline decides what goes
     /// out), the events claimed, and what was found of each candidate.
-    pub async fn claim_ids(&mut self, candidates: &[Candidate]) -> Result<ClaimedIds> {
+    /// The candidates' content is taken (used once).
+    pub async fn claim_ids(&mut self, candidates: &mut [Candidate]) -> Result<ClaimedIds> {
         self.ready().await?;
         let wal = prepared(&self.statements)?;
         let mut claim = self.store.begin().await?;
@@ -392,7 +394,7 @@ impl WalStore {
                 info.complete.push(key.clone());
             }
         }
-        let (mut taken, states, marked) = claim_in(client, wal, &candidates).await?;
+        let (mut taken, states, marked) = claim_in(client, wal, &mut candidates).await?;
         let grouping = group_candidates(&candidates, &mut taken.claimed, &states);
         // Read from the table in this transaction, every one is visible: none is carried.
         info.held.extend(grouping.defer.iter().cloned());
@@ -427,7 +429,7 @@ struct PendingRow {
 async fn claim_in(
     client: &Client,
     wal: &WalStatements,
-    candidates: &[Candidate],
+    candidates: &mut [Candidate],
 ) -> Result<(Taken, HashMap<Uuid, RowState>, Vec<Uuid>)> {
     if candidates.is_empty() {
         return Ok((Taken::default(), HashMap::new(), Vec::new()));
@@ -438,11 +440,11 @@ async fn claim_in(
     let mut read: Vec<Uuid> = Vec::with_capacity(candidates.len());
     match &wal.lock_streamed {
         Some(lock) if candidates.iter().any(|c| c.content.is_some()) => {
-            let mut streamed: HashMap<Uuid, &Candidate> = HashMap::new();
-            for c in candidates {
-                match &c.content {
-                    Some(_) if c.xid != 0 => {
-                        streamed.insert(c.id, c);
+            let mut streamed: HashMap<Uuid, (u32, Streamed)> = HashMap::new();
+            for c in candidates.iter_mut() {
+                match c.content.take() {
+                    Some(content) if c.xid != 0 => {
+                        streamed.insert(c.id, (c.xid, content));
                     }
                     _ => read.push(c.id),
                 }
@@ -452,14 +454,14 @@ async fn claim_in(
                 let id: Uuid = row.try_get("id")?;
                 let xmin: i64 = row.try_get("xmin")?;
                 let rewritten: bool = row.try_get("rewritten")?;
-                let content = streamed.get(&id).and_then(|c| {
-                    let same = !rewritten && u32::try_from(xmin).is_ok_and(|x| x == c.xid);
-                    same.then_some(c.content.as_ref()).flatten()
+                let content = streamed.remove(&id).and_then(|(xid, content)| {
+                    let same = !rewritten && u32::try_from(xmin).is_ok_and(|x| x == xid);
+                    same.then_some(content)
                 });
                 match content {
                     Some(content) => {
                         taken.tids.insert(id, row.try_get("tid")?);
-                        taken.claimed.insert(id, OutboxEvent::clone(&content.0));
+                        taken.claimed.insert(id, Arc::unwrap_or_clone(content.0));
                     }
                     None => read.push(id),
                 }
