@@ -21,7 +21,8 @@
 //!    the pending backlog over time.
 //! 5. `relays`: a backlog drained by 1 relay and by 3 relays at once; duplicates seen on the wire.
 //! 6. `wal`: the WAL source (`--source wal`) against the table source in one run: a backlog drain
-//!    with CPU per event of the relay, PostgreSQL and nats-server, idle latency, 16 writers at full
+//!    with CPU per event of the relay, PostgreSQL and nats-server, the bare JetStream publisher of
+//!    the same messages (`bare.rs`: the machine's limit), idle latency, 16 writers at full
 //!    speed, and the highest writer rate each relay keeps up with (throttled pgbench runs).
 //!
 //! Every row goes into one markdown table on stdout and into `target/bench/results.json`, and the
