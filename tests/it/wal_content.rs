@@ -250,3 +250,27 @@ async fn a_streamed_row_goes_out_exactly_as_the_table_gives_it() {
     assert_eq!(with_big.headers["s"], "t\u{e9}");
     relay.stop().await;
 }
+
+/// A relay upgraded before its schema (version 5, before the `rewritten` mark): it streams as
+/// before, reading every row from the table.
+#[tokio::test]
+async fn a_schema_without_version_6_has_every_row_read_from_the_table() {
+    let env = Env::new().await;
+    env.client()
+        .await
+        .batch_execute(
+            "DROP INDEX IF EXISTS outbox_events_dead_letters_idx;
+             DROP TRIGGER outbox_events_rewritten ON outbox_events;
+             DROP FUNCTION outbox_mark_rewritten();
+             ALTER TABLE outbox_events DROP COLUMN rewritten;
+             DELETE FROM outbox_schema_migrations WHERE version >= 6;",
+        )
+        .await
+        .expect("back to version 5");
+    let relay = env.spawn(env.wal_config().await).await;
+    streaming(&env).await;
+    env.insert_interleaved(10, 5).await;
+    let published = by_id(&env, 50).await;
+    assert_eq!(published.len(), 50);
+    relay.stop().await;
+}

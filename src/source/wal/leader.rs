@@ -105,6 +105,11 @@ impl WalSource<'_> {
             }
         })?;
         self.health.set_database(true);
+        // Version 6 (the `rewritten` mark) decides whether streamed rows may be published from
+        // what the stream carried; a schema without it has every row read from the table.
+        for store in &mut self.stores {
+            store.publish_streamed(state.rewrites_marked);
+        }
         if state.wal_level != "logical" {
             return Err(Stop::Fatal(Error::replication(
                 format!(
@@ -180,10 +185,7 @@ impl WalSource<'_> {
             &self.slot,
             (&state.publication, state.published.table_oid),
             buffer,
-            (
-                self.batch.max_bytes,
-                state.rewrites_marked && self.stores[0].publishes_streamed(),
-            ),
+            (self.batch.max_bytes, self.stores[0].publishes_streamed()),
         );
         let Some(stream) = until_shutdown(shutdown, start).await else {
             tracing::info!(slot = %self.slot, "stopped while the replication stream was starting");

@@ -52,7 +52,13 @@ pub(crate) struct WalStatements {
 }
 
 impl WalStatements {
-    pub async fn new(client: &Client, prepare: bool, marking: WalMarking) -> Result<WalStatements> {
+    /// `streamed`: prepare `lock_streamed.sql` (it reads version 6's `rewritten`).
+    pub async fn new(
+        client: &Client,
+        prepare: bool,
+        marking: WalMarking,
+        streamed: bool,
+    ) -> Result<WalStatements> {
         let (claim, delete, lock_streamed) = match marking {
             WalMarking::Update => (CLAIM_IDS, None, None),
             WalMarking::Delete => (
@@ -61,7 +67,10 @@ impl WalStatements {
                     Stmt::new(client, DELETE_PUBLISHED, TIDS_UUIDS, prepare).await?,
                     Stmt::new(client, DELETE_PUBLISHED_IDS, UUIDS, prepare).await?,
                 )),
-                Some(Stmt::new(client, LOCK_STREAMED, UUIDS, prepare).await?),
+                match streamed {
+                    true => Some(Stmt::new(client, LOCK_STREAMED, UUIDS, prepare).await?),
+                    false => None,
+                },
             ),
         };
         Ok(WalStatements {
@@ -179,8 +188,11 @@ impl BeforeCommit for WalRecord<'_> {
 pub(crate) struct WalStore {
     store: Store,
     marking: WalMarking,
-    /// The statements, with the generation of the connection they were prepared on.
-    statements: Option<(u64, WalStatements)>,
+    /// The schema marks rows changed after their insert (version 6).
+    rewrites_marked: bool,
+    /// The statements, with the generation of the connection they were prepared on and whether
+    /// they publish streamed content.
+    statements: Option<((u64, bool), WalStatements)>,
 }
 
 /// What a sweep of aggregates handed to the table found besides its claim.
@@ -202,15 +214,22 @@ impl WalStore {
         WalStore {
             store,
             marking,
+            rewrites_marked: false,
             statements: None,
         }
     }
 
     /// Whether a claim publishes a streamed row from the content the stream carried (when the
-    /// row is unchanged since): with `--wal-marking delete`, whose claim only locks. Marking
-    /// writes the row in the claim, before it could tell.
+    /// row is unchanged since): with `--wal-marking delete`, whose claim only locks (marking
+    /// writes the row in the claim, before it could tell), and a schema that marks rows changed
+    /// after their insert (`rewrites_marked`, version 6).
     pub fn publishes_streamed(&self) -> bool {
-        self.marking == WalMarking::Delete
+        self.marking == WalMarking::Delete && self.rewrites_marked
+    }
+
+    /// Whether the schema marks rows changed after their insert (read before each stream).
+    pub fn publish_streamed(&mut self, rewrites_marked: bool) {
+        self.rewrites_marked = rewrites_marked;
     }
 
     /// The table source's side of the connection.
@@ -248,17 +267,19 @@ impl WalStore {
 
     /// The connection with the wal statements prepared on it.
     async fn ready(&mut self) -> Result<()> {
+        let streamed = self.publishes_streamed();
         let (client, generation, prepare, begin) = self.store.connection().await?;
-        if self.statements.as_ref().map(|(g, _)| *g) != Some(generation) {
+        let key = (generation, streamed);
+        if self.statements.as_ref().map(|(k, _)| *k) != Some(key) {
             // Prepared inside a transaction with the session's settings: `--schema` resolves.
             if prepare {
                 client.batch_execute(begin).await?;
             }
-            let statements = WalStatements::new(client, prepare, self.marking).await?;
+            let statements = WalStatements::new(client, prepare, self.marking, key.1).await?;
             if prepare {
                 client.batch_execute("COMMIT").await?;
             }
-            self.statements = Some((generation, statements));
+            self.statements = Some((key, statements));
         }
         Ok(())
     }
@@ -413,7 +434,7 @@ impl WalStore {
 }
 
 /// The statements prepared on the store's connection (see [`WalStore::ready`]).
-fn prepared(statements: &Option<(u64, WalStatements)>) -> Result<&WalStatements> {
+fn prepared(statements: &Option<((u64, bool), WalStatements)>) -> Result<&WalStatements> {
     statements.as_ref().map(|(_, s)| s).ok_or_else(|| {
         crate::error::Error::replication("the connection holding a claimed batch closed", true)
     })
