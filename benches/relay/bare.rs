@@ -28,11 +28,6 @@ fn payload(g: u64, aggregates: u64) -> String {
     )
 }
 
-/// This process's CPU time (user + system), in seconds.
-fn own_cpu() -> f64 {
-    proc_cpu(std::process::id(), false)
-}
-
 pub(crate) async fn bare_publisher(
     ctx: Arc<Ctx>,
     scenario: &'static str,
@@ -45,7 +40,7 @@ pub(crate) async fn bare_publisher(
     reset_stream(&ctx.nats_url).await?;
     let js = jetstream::new(nats_client(&ctx.nats_url).await?);
     let cpu_before = Cpu::read(&ctx, &[]);
-    let own_before = own_cpu();
+    let own_before = proc_cpu(std::process::id(), false);
     let started = Instant::now();
     let created_at = "2026-12-05T11:44:54.123456Z";
     let mut in_flight = VecDeque::with_capacity(WINDOW);
@@ -81,7 +76,7 @@ pub(crate) async fn bare_publisher(
     }
     let wall = started.elapsed().as_secs_f64();
     let cpu = Cpu::read(&ctx, &[]).per_event(&cpu_before, events);
-    let own = (own_cpu() - own_before) * 1e6 / events.max(1) as f64;
+    let own = (proc_cpu(std::process::id(), false) - own_before) * 1e6 / events.max(1) as f64;
     let (in_stream, span) = stream_span(&ctx.nats_url).await?;
     row.events = Some(in_stream);
     row.seconds = Some(span);

@@ -561,7 +561,7 @@ fn claimed_row(row: &Row) -> Result<ClaimedRow> {
     let aggregate_type = take(aggregate_type);
     let aggregate_id = take(aggregate_id);
     let event_type = take(text(row, "event_type")?);
-    let (headers, header_defect) = headers_from_json(row.try_get("headers")?);
+    let (headers, header_defect) = headers_from_json(row.try_get::<_, Option<&str>>("headers")?);
     defects.extend(header_defect);
     let payload: Option<Payload> = row.try_get("payload")?;
     let event = OutboxEvent {
@@ -641,15 +641,13 @@ impl<'a> FromSql<'a> for Payload {
 /// `numeric`, and no float is taken on the way; objects and arrays without their spaces).
 /// Anything else is a defect of the row: it is dead-lettered rather than published without the
 /// headers its writer meant it to have.
-pub(crate) fn headers_from_json(
-    text: Option<String>,
-) -> (BTreeMap<String, String>, Option<String>) {
+pub(crate) fn headers_from_json(text: Option<&str>) -> (BTreeMap<String, String>, Option<String>) {
     use serde_json::value::RawValue;
     let Some(text) = text else {
         return (BTreeMap::new(), None);
     };
     let defect = |why: String| (BTreeMap::new(), Some(why));
-    let raw: &RawValue = match serde_json::from_str(&text) {
+    let raw: &RawValue = match serde_json::from_str(text) {
         Ok(raw) => raw,
         Err(e) => return defect(format!("headers cannot be read as JSON: {e}")),
     };
@@ -856,8 +854,7 @@ mod tests {
     fn header_values_keep_the_rows_text() {
         let (h, defect) = headers_from_json(Some(
             r#"{"big": 123456789012345678901234567890, "dec": 0.12345678901234567890,
-                "s": "a \"q\" \u00e9", "o": {"k": [1, "a b", {"x": null}]}, "t": true}"#
-                .into(),
+                "s": "a \"q\" \u00e9", "o": {"k": [1, "a b", {"x": null}]}, "t": true}"#,
         ));
         assert_eq!(defect, None);
         assert_eq!(h["big"], "123456789012345678901234567890");
@@ -865,10 +862,7 @@ mod tests {
         assert_eq!(h["s"], "a \"q\" \u{e9}");
         assert_eq!(h["o"], r#"{"k":[1,"a b",{"x":null}]}"#);
         assert_eq!(h["t"], "true");
-        assert_eq!(
-            headers_from_json(Some("null".into())),
-            (BTreeMap::new(), None)
-        );
+        assert_eq!(headers_from_json(Some("null")), (BTreeMap::new(), None));
         for (text, why) in [
             ("[1]", "found an array"),
             ("\"x\"", "found a string"),
@@ -876,7 +870,7 @@ mod tests {
             ("12", "found a number"),
             ("{", "cannot be read as JSON"),
         ] {
-            let (h, defect) = headers_from_json(Some(text.into()));
+            let (h, defect) = headers_from_json(Some(text));
             assert!(h.is_empty());
             assert!(defect.is_some_and(|d| d.contains(why)), "{text}");
         }

@@ -108,7 +108,7 @@ impl WalSource<'_> {
         // Version 6 (the `rewritten` mark) decides whether streamed rows may be published from
         // what the stream carried; a schema without it has every row read from the table.
         for store in &mut self.stores {
-            store.publish_streamed(state.rewrites_marked);
+            store.set_rewrites_marked(state.rewrites_marked);
         }
         if state.wal_level != "logical" {
             return Err(Stop::Fatal(Error::replication(

@@ -228,7 +228,7 @@ impl WalStore {
     }
 
     /// Whether the schema marks rows changed after their insert (read before each stream).
-    pub fn publish_streamed(&mut self, rewrites_marked: bool) {
+    pub fn set_rewrites_marked(&mut self, rewrites_marked: bool) {
         self.rewrites_marked = rewrites_marked;
     }
 

@@ -65,7 +65,7 @@ impl EventColumns {
         }
         let headers = match values.get(self.headers) {
             Some(Value::Null) => Default::default(),
-            Some(Value::Text(_)) => match headers_from_json(Some(text(self.headers)?.to_owned())) {
+            Some(Value::Text(_)) => match headers_from_json(Some(text(self.headers)?)) {
                 (headers, None) => headers,
                 (_, Some(_defect)) => return None,
             },
