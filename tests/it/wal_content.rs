@@ -182,6 +182,62 @@ async fn a_row_changed_after_its_commit_goes_out_as_the_table_holds_it() {
     relay.stop().await;
 }
 
+/// The claim finds streamed rows by `seq`: a row whose seq changed after its commit is still found
+/// (by id) and goes out once, as the table holds it; a row deleted after its commit whose seq a new
+/// row took is never published, and the new row goes out as itself.
+#[tokio::test]
+async fn a_streamed_row_whose_seq_changed_or_was_taken_goes_out_as_the_table_holds_it() {
+    let (env, config) = with_slot().await;
+    let client = env.client().await;
+    client
+        .batch_execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+             SELECT 'order', 'a', 'order.created', jsonb_build_object('v', g, 'step', 'inserted')
+             FROM generate_series(1, 5) g;",
+        )
+        .await
+        .expect("insert");
+    client
+        .batch_execute(
+            "UPDATE outbox_events SET seq = DEFAULT WHERE payload->>'v' = '2';
+             CREATE TEMP TABLE gone (seq bigint);
+             WITH d AS (DELETE FROM outbox_events WHERE payload->>'v' = '4' RETURNING seq)
+               INSERT INTO gone SELECT seq FROM d;
+             INSERT INTO outbox_events (seq, aggregate_type, aggregate_id, event_type, payload)
+               OVERRIDING SYSTEM VALUE
+               SELECT seq, 'order', 'b', 'order.created', '{\"v\": 6, \"step\": \"took a seq\"}'
+               FROM gone;",
+        )
+        .await
+        .expect("move and take seqs");
+    let relay = env.spawn(config).await;
+    let published = by_id(&env, 5).await;
+    let mut by_v: Vec<(i64, String, String)> = published
+        .values()
+        .map(|m| {
+            let p = json(&m.payload);
+            (
+                p["v"].as_i64().expect("v"),
+                p["step"].as_str().expect("step").to_string(),
+                m.headers["Outbox-Aggregate-Id"].clone(),
+            )
+        })
+        .collect();
+    by_v.sort();
+    let want: Vec<(i64, String, String)> = [
+        (1, "inserted", "a"),
+        (2, "inserted", "a"),
+        (3, "inserted", "a"),
+        (5, "inserted", "a"),
+        (6, "took a seq", "b"),
+    ]
+    .into_iter()
+    .map(|(v, s, a)| (v, s.to_string(), a.to_string()))
+    .collect();
+    assert_eq!(by_v, want);
+    relay.stop().await;
+}
+
 #[tokio::test]
 async fn a_streamed_row_goes_out_exactly_as_the_table_gives_it() {
     let (env, config) = with_slot().await;
