@@ -182,9 +182,10 @@ async fn a_row_changed_after_its_commit_goes_out_as_the_table_holds_it() {
     relay.stop().await;
 }
 
-/// The claim finds streamed rows by `seq`: a row whose seq changed after its commit is still found
-/// (by id) and goes out once, as the table holds it; a row deleted after its commit whose seq a new
-/// row took is never published, and the new row goes out as itself.
+/// A streamed row's `seq` is not its identity: a row whose seq changed after its commit goes out
+/// once, as the table holds it; a row deleted after its commit whose seq a new row took is never
+/// published, and the new row goes out as itself (a claim that looked rows up by seq must keep
+/// this).
 #[tokio::test]
 async fn a_streamed_row_whose_seq_changed_or_was_taken_goes_out_as_the_table_holds_it() {
     let (env, config) = with_slot().await;
