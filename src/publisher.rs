@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, context::PublishErrorKind, stream};
 use futures::future::join_all;
+use futures::StreamExt;
 use tracing::Instrument;
 
 use crate::clock::DbClock;
@@ -235,6 +236,32 @@ impl Publisher {
         (subject, coverage)
     }
 
+    /// The coverage of each subject that met "no responders", asked [`COVERAGE_LOOKUPS_AT_ONCE`]
+    /// at a time so that a batch is judged in the batch: a template with `{aggregate_id}` can fail
+    /// on hundreds of subjects at once, and one left out counts as the broker's (no attempt spent,
+    /// but the relay backs off as for an outage before it is asked about again). Bounded all the
+    /// same: at most [`MAX_COVERAGE_LOOKUPS`] per batch, and none after the first answer that is
+    /// not an answer (JetStream not answering, or electing leaders): the rest would wait as long,
+    /// and count as the broker's either way. A subject not asked about is missing from the map.
+    async fn coverage_of(&self, mut subjects: Vec<&str>) -> HashMap<String, Coverage> {
+        subjects.truncate(MAX_COVERAGE_LOOKUPS);
+        // The futures made up front (they start only when polled): a closure inside the stream
+        // would make the future not `Send` (a higher-ranked lifetime rustc cannot prove).
+        let pending: Vec<_> = subjects
+            .into_iter()
+            .map(|s| self.coverage(s.to_string()))
+            .collect();
+        let mut lookups = futures::stream::iter(pending).buffer_unordered(COVERAGE_LOOKUPS_AT_ONCE);
+        let mut coverage = HashMap::new();
+        while let Some((subject, answer)) = lookups.next().await {
+            coverage.insert(subject, answer);
+            if answer == Coverage::Unknown {
+                break;
+            }
+        }
+        coverage
+    }
+
     /// The event's subject under the template; an error (the row's) when its values make none.
     pub fn subject(&self, event: &OutboxEvent) -> Result<String> {
         self.subjects.render(event)
@@ -260,14 +287,7 @@ impl Publisher {
         }
         failed_subjects.sort_unstable();
         failed_subjects.dedup();
-        // Bounded: a template with `{aggregate_id}` can fail on a thousand subjects at once, and
-        // the lookups go to a JetStream that may be electing leaders. A subject left out counts
-        // as the broker's (no attempt) and is looked up when it fails again with fewer others.
-        failed_subjects.truncate(MAX_COVERAGE_LOOKUPS);
-        let lookups = failed_subjects
-            .into_iter()
-            .map(|s| self.coverage(s.to_string()));
-        let coverage: HashMap<String, Coverage> = join_all(lookups).await.into_iter().collect();
+        let coverage = self.coverage_of(failed_subjects).await;
         for outcome in outcomes.iter_mut().flatten() {
             if let Outcome::Failed(f) = outcome {
                 if let Some(subject) = &f.no_responders {
@@ -472,7 +492,10 @@ fn outgoing_trace_headers(_: &tracing::Span) -> Vec<(String, String)> {
 fn trace_failure(_: &tracing::Span, _: FailureKind, _: &str) {}
 
 /// At most this many subjects that met "no responders" are looked up per batch.
-const MAX_COVERAGE_LOOKUPS: usize = 16;
+const MAX_COVERAGE_LOOKUPS: usize = 1024;
+
+/// Lookups of subjects' coverage in flight at once.
+const COVERAGE_LOOKUPS_AT_ONCE: usize = 16;
 
 /// What JetStream said about a subject that met "no responders".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
