@@ -11,7 +11,9 @@ use crate::drain::{drain_variant, Drainer};
 use crate::env::*;
 use crate::idle_latency::idle_latency;
 use crate::report::*;
-use crate::writers::{writer_run, writer_throughput, Trigger, WriterOutcome, WriterVariant};
+use crate::writers::{
+    writer_run, writer_throughput, writers_alone, Trigger, WriterOutcome, WriterVariant,
+};
 
 /// A writer-throughput variant of this scenario: the relay's source and the trigger.
 const fn writers(label: &'static str, trigger: Trigger, wal: bool) -> WriterVariant {
@@ -84,6 +86,20 @@ pub(crate) async fn scenario_wal(ctx: Arc<Ctx>) -> Vec<Row> {
         rows.push(isolated(S, variant.into(), limit, fut).await);
     }
     let secs = if ctx.quick { 3 } else { 10 };
+    // The writers' own ceiling, before and after the relayed runs (the machine drifts): no source
+    // can keep up with more than the writers can write.
+    let alone = |round: u32| {
+        let label = format!("writers alone (no trigger, no relay), 16 clients, run {round}");
+        let fut = writers_alone(ctx.clone(), S, 16, secs);
+        let limit = Duration::from_secs(secs + 120);
+        async move {
+            let mut row = isolated(S, label.clone(), limit, fut).await;
+            row.variant = label;
+            row
+        }
+    };
+    let first = rows.len();
+    rows.push(alone(1).await);
     for variant in [TABLE_WRITERS, WAL_WRITERS, WAL_WRITERS_NO_TRIGGER] {
         let label = format!("{}, 16 clients", variant.label);
         let fut = writer_throughput(ctx.clone(), variant, 16, secs);
@@ -100,7 +116,35 @@ pub(crate) async fn scenario_wal(ctx: Arc<Ctx>) -> Vec<Row> {
             rows.push(isolated(S, label, limit, fut).await);
         }
     }
+    rows.push(alone(2).await);
+    against_ceiling(&mut rows[first..]);
     rows
+}
+
+/// Notes each relayed writer row's rate as a share of the writers' own ceiling (the mean of the
+/// writers-alone runs).
+fn against_ceiling(rows: &mut [Row]) {
+    let alone: Vec<f64> = rows
+        .iter()
+        .filter(|r| r.variant.starts_with("writers alone"))
+        .filter_map(|r| r.writer_tps)
+        .collect();
+    if alone.is_empty() {
+        return;
+    }
+    let ceiling = alone.iter().sum::<f64>() / alone.len() as f64;
+    for row in rows.iter_mut() {
+        if row.variant.starts_with("writers alone") || row.is_failure() {
+            continue;
+        }
+        if let Some(tps) = row.writer_tps {
+            row.note(format!(
+                "{:.2}x of the writers alone ({ceiling:.0} tps, mean of {} runs)",
+                tps / ceiling,
+                alone.len()
+            ));
+        }
+    }
 }
 
 /// Throttled runs after the full-speed one, each halving the interval the capacity lies in.

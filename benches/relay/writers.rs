@@ -169,6 +169,46 @@ pub(crate) async fn run_pgbench(
     Ok((txns, tps))
 }
 
+/// The writers alone: no trigger and no relay, on a fresh database. What this machine's writers
+/// can do at all, the ceiling of every "writers with the relay keeping up" figure.
+pub(crate) async fn writers_alone(
+    ctx: Arc<Ctx>,
+    scenario: &str,
+    clients: usize,
+    secs: u64,
+) -> Res<Row> {
+    let mut row = Row::new(
+        scenario,
+        &format!("writers alone (no trigger, no relay), {clients} clients"),
+    );
+    let db = fresh_db(&ctx).await?;
+    exec(&db.client, SETUP_SQL, Duration::from_secs(30)).await?;
+    exec(
+        &db.client,
+        "DROP TRIGGER outbox_events_notify ON outbox_events",
+        Duration::from_secs(30),
+    )
+    .await?;
+    checkpoint(&ctx, &db.client).await?;
+    let (txns, tps) = match &ctx.pgbench {
+        Some(pgbench) => run_pgbench(pgbench, &db.url, clients, secs, None).await?,
+        None => {
+            let (n, s) = run_writers(&db.url, clients, Duration::from_secs(secs)).await?;
+            row.note("tokio-postgres writers (pgbench not found)");
+            (n, n as f64 / s)
+        }
+    };
+    row.events = Some(txns);
+    row.seconds = Some(secs as f64);
+    row.writer_tps = Some(tps);
+    row.config = Some("writers alone (no trigger, no relay)".into());
+    row.clients = Some(clients as u64);
+    let db_url = db.url.clone();
+    drop(db);
+    drop_db(&ctx, &db_url).await;
+    Ok(row)
+}
+
 pub(crate) async fn writer_throughput(
     ctx: Arc<Ctx>,
     variant: WriterVariant,
