@@ -141,3 +141,19 @@ pub async fn simple_value(client: &tokio_postgres::Client, sql: &str) -> String 
         })
         .unwrap_or_else(|| panic!("{sql} returned no row"))
 }
+
+/// The plan of `EXPLAIN (COSTS OFF) {statement}`, one line per plan line; panics if it fails.
+pub async fn explain(
+    client: &tokio_postgres::Client,
+    statement: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> String {
+    client
+        .query(&format!("EXPLAIN (COSTS OFF) {statement}"), params)
+        .await
+        .unwrap_or_else(|e| panic!("EXPLAIN {statement} failed: {e}"))
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect::<Vec<_>>()
+        .join("\n")
+}

@@ -295,20 +295,12 @@ async fn the_cleanup_statement_uses_the_index() {
         .expect("seed");
     // 1% of the rows are older than the cutoff (its age goes in microseconds).
     let age_micros: i64 = 19_800_000_000;
-    let plan: String = client
-        .query(
-            &format!(
-                "EXPLAIN (COSTS OFF) {}",
-                include_str!("../../sql/queries/ops/cleanup_processed_events.sql")
-            ),
-            &[&age_micros, &1000_i64],
-        )
-        .await
-        .expect("explain")
-        .iter()
-        .map(|r| r.get::<_, String>(0))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let plan = testkit::explain(
+        &client,
+        include_str!("../../sql/queries/ops/cleanup_processed_events.sql"),
+        &[&age_micros, &1000_i64],
+    )
+    .await;
     assert!(plan.contains("processed_events_processed_at_idx"), "{plan}");
 }
 

@@ -709,3 +709,35 @@ async fn outboxes_in_two_schemas_stream_side_by_side() {
         r.stop().await;
     }
 }
+
+/// The delete after the acks finds each row where the claim locked it (a TID scan), whatever the
+/// table held when the relay first ran it: the plan is made once per connection, and one made on
+/// an empty table (a new deployment, or a relay started while nothing was pending) probed the
+/// primary key for every row instead.
+#[tokio::test]
+async fn the_delete_after_the_acks_finds_rows_by_where_they_are_on_an_empty_table() {
+    let env = Env::new().await;
+    let client = env.client().await;
+    assert_eq!(env.count("true").await, 0);
+    // The relay's transaction settings, the statement prepared, and its generic plan.
+    client
+        .batch_execute(include_str!("../../sql/queries/table/begin_claim.sql"))
+        .await
+        .expect("begin");
+    client
+        .batch_execute(&format!(
+            "PREPARE delete_published AS {}",
+            include_str!("../../sql/queries/wal/delete_published.sql")
+        ))
+        .await
+        .expect("prepare");
+    let plan = testkit::explain(
+        &client,
+        "EXECUTE delete_published('{\"(0,1)\"}', ARRAY[gen_random_uuid()])",
+        &[],
+    )
+    .await;
+    client.batch_execute("ROLLBACK").await.expect("rollback");
+    assert!(plan.contains("Tid Scan"), "{plan}");
+    assert!(!plan.contains("outbox_events_pkey"), "{plan}");
+}
