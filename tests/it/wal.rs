@@ -710,34 +710,80 @@ async fn outboxes_in_two_schemas_stream_side_by_side() {
     }
 }
 
-/// The delete after the acks finds each row where the claim locked it (a TID scan), whatever the
-/// table held when the relay first ran it: the plan is made once per connection, and one made on
-/// an empty table (a new deployment, or a relay started while nothing was pending) probed the
-/// primary key for every row instead.
-#[tokio::test]
-async fn the_delete_after_the_acks_finds_rows_by_where_they_are_on_an_empty_table() {
+/// The plan PostgreSQL caches for one of the wal source's statements (`sql`, run as
+/// `EXECUTE ... args`) when the relay first runs it on a new outbox (never analyzed) that holds
+/// `rows` pending rows after as many were deleted: the relay's transaction settings, the statement
+/// prepared, its generic plan. It is made once per connection, so it must suit any table.
+async fn plan_on_a_new_table(rows: i32, sql: &str, args: &str) -> String {
     let env = Env::new().await;
     let client = env.client().await;
-    assert_eq!(env.count("true").await, 0);
-    // The relay's transaction settings, the statement prepared, and its generic plan.
+    client
+        .execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+             SELECT 'order', n::text, 'created', '{}' FROM generate_series(1, 2 * $1) n",
+            &[&rows],
+        )
+        .await
+        .expect("rows");
+    client
+        .batch_execute("DELETE FROM outbox_events WHERE seq % 2 = 0")
+        .await
+        .expect("delete");
     client
         .batch_execute(include_str!("../../sql/queries/table/begin_claim.sql"))
         .await
         .expect("begin");
     client
-        .batch_execute(&format!(
-            "PREPARE delete_published AS {}",
-            include_str!("../../sql/queries/wal/delete_published.sql")
-        ))
+        .batch_execute(&format!("PREPARE statement AS {sql}"))
         .await
         .expect("prepare");
-    let plan = testkit::explain(
-        &client,
-        "EXECUTE delete_published('{\"(0,1)\"}', ARRAY[gen_random_uuid()])",
-        &[],
-    )
-    .await;
+    let plan = testkit::explain(&client, &format!("EXECUTE statement({args})"), &[]).await;
     client.batch_execute("ROLLBACK").await.expect("rollback");
-    assert!(plan.contains("Tid Scan"), "{plan}");
-    assert!(!plan.contains("outbox_events_pkey"), "{plan}");
+    plan
+}
+
+/// The delete after the acks finds each row where the claim locked it (a TID scan), whatever the
+/// table held when its plan was made; one made on an empty table probed the primary key for every
+/// row instead.
+#[tokio::test]
+async fn the_delete_after_the_acks_finds_rows_by_where_they_are_on_a_new_table() {
+    for rows in [5, 500, 0] {
+        let plan = plan_on_a_new_table(
+            rows,
+            include_str!("../../sql/queries/wal/delete_published.sql"),
+            "'{\"(0,1)\"}', ARRAY[gen_random_uuid()]",
+        )
+        .await;
+        assert!(plan.contains("Tid Scan"), "{rows} rows: {plan}");
+        assert!(!plan.contains("outbox_events_pkey"), "{rows} rows: {plan}");
+    }
+}
+
+/// The lock of streamed rows probes the pending `seq` index once per streamed row, whatever the
+/// table held when its plan was made. As a plain join, a plan made on an empty table walked every
+/// pending row against every pair; by equality on `seq`, one made on a new table with a few rows
+/// scanned the whole pending aggregate index for each pair. Either way a relay started before a
+/// burst fell behind its writers.
+#[tokio::test]
+async fn the_lock_of_streamed_rows_probes_once_per_row_on_a_new_table() {
+    for rows in [5, 500, 0] {
+        let plan = plan_on_a_new_table(
+            rows,
+            include_str!("../../sql/queries/wal/lock_streamed.sql"),
+            "ARRAY[1::int8], ARRAY[gen_random_uuid()]",
+        )
+        .await;
+        let outer = plan.find("Function Scan on p").expect(&plan);
+        let probe = plan
+            .find("Index Scan using outbox_events_pending_seq_key")
+            .expect(&plan);
+        assert!(
+            outer < probe,
+            "{rows} rows: the pairs drive the probes: {plan}"
+        );
+        assert!(
+            plan.contains("Index Cond: ((seq >= p.seq) AND (seq <= p.seq))"),
+            "{plan}"
+        );
+    }
 }

@@ -31,6 +31,7 @@ const DEFER: &str = include_str!("../../../sql/queries/wal/defer.sql");
 const UNDEFER: &str = include_str!("../../../sql/queries/wal/undefer.sql");
 
 const UUIDS: &[Type] = &[Type::UUID_ARRAY];
+const SEQS_UUIDS: &[Type] = &[Type::INT8_ARRAY, Type::UUID_ARRAY];
 const TIDS_UUIDS: &[Type] = &[Type::TEXT_ARRAY, Type::UUID_ARRAY];
 const ROW_STATES_TYPES: &[Type] = &[Type::UUID_ARRAY, Type::INT8_ARRAY];
 const KEYS: &[Type] = &[Type::TEXT_ARRAY, Type::TEXT_ARRAY];
@@ -68,7 +69,7 @@ impl WalStatements {
                     Stmt::new(client, DELETE_PUBLISHED_IDS, UUIDS, prepare).await?,
                 )),
                 match streamed {
-                    true => Some(Stmt::new(client, LOCK_STREAMED, UUIDS, prepare).await?),
+                    true => Some(Stmt::new(client, LOCK_STREAMED, SEQS_UUIDS, prepare).await?),
                     false => None,
                 },
             ),
@@ -462,16 +463,19 @@ async fn claim_in(
     match &wal.lock_streamed {
         Some(lock) if candidates.iter().any(|c| c.content.is_some()) => {
             let mut streamed: HashMap<Uuid, (u32, Streamed)> = HashMap::new();
+            // Found by seq (see lock_streamed.sql), in stream order: close seqs probed together.
+            let (mut seqs, mut ids) = (Vec::new(), Vec::new());
             for c in candidates.iter_mut() {
                 match c.content.take() {
                     Some(content) if c.xid != 0 => {
+                        seqs.push(content.0.seq);
+                        ids.push(c.id);
                         streamed.insert(c.id, (c.xid, content));
                     }
                     _ => read.push(c.id),
                 }
             }
-            let ids: Vec<Uuid> = streamed.keys().copied().collect();
-            for row in lock.query(client, &[&ids]).await? {
+            for row in lock.query(client, &[&seqs, &ids]).await? {
                 let id: Uuid = row.try_get("id")?;
                 let xmin: i64 = row.try_get("xmin")?;
                 let rewritten: bool = row.try_get("rewritten")?;
