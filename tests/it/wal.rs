@@ -787,3 +787,23 @@ async fn the_lock_of_streamed_rows_probes_once_per_row_on_a_new_table() {
         );
     }
 }
+
+/// The rows of aggregates handed to the table are read through the pending aggregate index, one
+/// range per aggregate, whatever the table held when the plan was made. By equality, one made on
+/// an empty table walked the pending `seq` index (every pending row) for each aggregate.
+#[tokio::test]
+async fn the_rows_of_handed_aggregates_are_read_per_aggregate_on_a_new_table() {
+    for rows in [0, 5, 500] {
+        let plan = plan_on_a_new_table(
+            rows,
+            include_str!("../../sql/queries/wal/pending_of.sql"),
+            "'{order}', '{1}', 10",
+        )
+        .await;
+        assert!(
+            plan.contains("Index Scan using outbox_events_pending_aggregate_idx"),
+            "{rows} rows: {plan}"
+        );
+        assert!(!plan.contains("pending_seq_key"), "{rows} rows: {plan}");
+    }
+}

@@ -13,8 +13,12 @@ CROSS JOIN LATERAL (
     FROM outbox_events o
     WHERE o.processed_at IS NULL
       AND o.aggregate_type = a.aggregate_type
-      AND o.aggregate_id = a.aggregate_id
-    ORDER BY o.seq
+      -- A one-value range, in (aggregate_id, seq) order: only the pending aggregate index gives
+      -- that order without a sort (and the relay's settings rule sorts out). By equality, the
+      -- pending seq index gives `ORDER BY seq` too, and a plan made on an empty table took it,
+      -- walking every pending row for each aggregate. Plans are made once per connection.
+      AND o.aggregate_id >= a.aggregate_id AND o.aggregate_id <= a.aggregate_id
+    ORDER BY o.aggregate_id, o.seq
     LIMIT $3
 ) e
 ORDER BY a.aggregate_type, a.aggregate_id, e.seq
