@@ -488,3 +488,28 @@ async fn sigterm_mid_drain_exits_zero_and_leaves_nothing_locked() {
     let stored = env.stored().await;
     assert_eq!(assert_unique(&stored).len() as i64, processed);
 }
+
+/// The table source's claim walks the pending `seq` index once, and reaches each aggregate's rows
+/// (older pending rows, followers, gaps) through the pending aggregate index, whatever the table
+/// held when its plan was made (once per connection, often on an empty table: a relay started
+/// while nothing was pending). By equality on the aggregate, a plan made on an empty table probed
+/// the seq index for those lookups instead, walking every older or later pending row for each
+/// candidate: a relay started on an empty outbox slowed down as a backlog built up.
+#[tokio::test]
+async fn the_claim_reaches_each_aggregate_through_its_index_on_a_new_table() {
+    for rows in [5, 500, 0] {
+        for hop in ["false", "true"] {
+            let plan = crate::wal::plan_on_a_new_table(
+                rows,
+                include_str!("../../sql/queries/table/claim_ordered.sql"),
+                &format!("1000, 1000000, {hop}"),
+            )
+            .await;
+            assert_eq!(
+                plan.matches("outbox_events_pending_seq_key").count(),
+                1,
+                "{rows} rows, hop {hop}: only the walk uses the seq index: {plan}"
+            );
+        }
+    }
+}

@@ -710,11 +710,11 @@ async fn outboxes_in_two_schemas_stream_side_by_side() {
     }
 }
 
-/// The plan PostgreSQL caches for one of the wal source's statements (`sql`, run as
+/// The plan PostgreSQL caches for one of the relay's statements (`sql`, run as
 /// `EXECUTE ... args`) when the relay first runs it on a new outbox (never analyzed) that holds
 /// `rows` pending rows after as many were deleted: the relay's transaction settings, the statement
 /// prepared, its generic plan. It is made once per connection, so it must suit any table.
-async fn plan_on_a_new_table(rows: i32, sql: &str, args: &str) -> String {
+pub(crate) async fn plan_on_a_new_table(rows: i32, sql: &str, args: &str) -> String {
     let env = Env::new().await;
     let client = env.client().await;
     client

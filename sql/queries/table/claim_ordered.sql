@@ -57,12 +57,18 @@ WITH RECURSIVE candidates AS (
       -- OFFSET 0 keeps this a per-row probe of the pending aggregate index. As an anti-join, a
       -- plan made while the table was small (prepared statements keep it) scanned the whole
       -- index for every candidate: 13 s per 1,000-row claim with 16 writers filling the table.
+      -- The aggregate's id as a one-value range, in (aggregate_id, seq) order: only the pending
+      -- aggregate index gives that without a sort (this transaction's settings rule sorts out).
+      -- By equality, a plan made on an empty table probed the pending seq index instead and
+      -- walked every older pending row for each candidate. The same goes for every lookup of one
+      -- aggregate's rows below.
       AND NOT EXISTS (
             SELECT 1 FROM outbox_events o
             WHERE o.processed_at IS NULL
               AND o.aggregate_type = e.aggregate_type
-              AND o.aggregate_id = e.aggregate_id
+              AND o.aggregate_id >= e.aggregate_id AND o.aggregate_id <= e.aggregate_id
               AND o.seq < e.seq
+            ORDER BY o.aggregate_id, o.seq
             OFFSET 0)
     ORDER BY e.seq
     LIMIT $1
@@ -96,9 +102,9 @@ WITH RECURSIVE candidates AS (
         FROM outbox_events e
         WHERE e.processed_at IS NULL
           AND e.aggregate_type = h.aggregate_type
-          AND e.aggregate_id = h.aggregate_id
+          AND e.aggregate_id >= h.aggregate_id AND e.aggregate_id <= h.aggregate_id
           AND e.seq > h.seq
-        ORDER BY e.seq
+        ORDER BY e.aggregate_id, e.seq
         -- ceil(($1 - heads) / heads): an equal share of the room left after the heads
         LIMIT (SELECT ($1 - 1) / greatest(count(*), 1) FROM heads)
         FOR UPDATE OF e SKIP LOCKED) f
@@ -114,22 +120,28 @@ WITH RECURSIVE candidates AS (
     -- an aggregate has fewer followers locked than pending rows up to its last one, its first
     -- pending row that is not among them is the gap; nothing from there on is published now.
     SELECT s.aggregate_type, s.aggregate_id,
-           (SELECT min(o.seq)
+           (SELECT o.seq
             FROM outbox_events o
             WHERE o.processed_at IS NULL
               AND o.aggregate_type = s.aggregate_type
-              AND o.aggregate_id = s.aggregate_id
+              AND o.aggregate_id >= s.aggregate_id AND o.aggregate_id <= s.aggregate_id
               AND o.seq > s.head_seq AND o.seq < s.last_seq
               AND o.id <> ALL (ARRAY(SELECT f.id FROM followers f
                                      WHERE f.aggregate_type = s.aggregate_type
-                                       AND f.aggregate_id = s.aggregate_id))) AS gap_seq
+                                       AND f.aggregate_id = s.aggregate_id))
+            ORDER BY o.aggregate_id, o.seq
+            LIMIT 1) AS gap_seq
     FROM spans s
     WHERE s.locked < (SELECT count(*)
-                      FROM outbox_events o
-                      WHERE o.processed_at IS NULL
-                        AND o.aggregate_type = s.aggregate_type
-                        AND o.aggregate_id = s.aggregate_id
-                        AND o.seq > s.head_seq AND o.seq <= s.last_seq)
+                      FROM (SELECT 1
+                            FROM outbox_events o
+                            WHERE o.processed_at IS NULL
+                              AND o.aggregate_type = s.aggregate_type
+                              AND o.aggregate_id >= s.aggregate_id
+                              AND o.aggregate_id <= s.aggregate_id
+                              AND o.seq > s.head_seq AND o.seq <= s.last_seq
+                            ORDER BY o.aggregate_id, o.seq
+                            OFFSET 0) n)
 ), claimed AS (
     SELECT id, seq, aggregate_type, aggregate_id, true AS eligible, false AS gap, size FROM heads
     UNION ALL
