@@ -240,9 +240,11 @@ impl Publisher {
     /// at a time so that a batch is judged in the batch: a template with `{aggregate_id}` can fail
     /// on hundreds of subjects at once, and one left out counts as the broker's (no attempt spent,
     /// but the relay backs off as for an outage before it is asked about again). Bounded all the
-    /// same: at most [`MAX_COVERAGE_LOOKUPS`] per batch, and none after the first answer that is
-    /// not an answer (JetStream not answering, or electing leaders): the rest would wait as long,
-    /// and count as the broker's either way. A subject not asked about is missing from the map.
+    /// same: at most [`MAX_COVERAGE_LOOKUPS`] per batch, and none after the first answer that
+    /// blames the broker (JetStream not answering, or a stream between leaders): the broker is in
+    /// trouble then, asking it about hundreds of subjects on every round of its backoff would
+    /// add to it, and a subject not asked about only waits (it counts as the broker's, spending
+    /// no attempt) until a round where the broker answers. Missing from the map: not asked.
     async fn coverage_of(&self, mut subjects: Vec<&str>) -> HashMap<String, Coverage> {
         subjects.truncate(MAX_COVERAGE_LOOKUPS);
         // The futures made up front (they start only when polled): a closure inside the stream
@@ -255,7 +257,7 @@ impl Publisher {
         let mut coverage = HashMap::new();
         while let Some((subject, answer)) = lookups.next().await {
             coverage.insert(subject, answer);
-            if answer == Coverage::Unknown {
+            if answer.blame().is_brokers() {
                 break;
             }
         }
