@@ -12,7 +12,8 @@ use crate::proc;
 use crate::relay::RelayProcess;
 
 const INSTALL: &str =
-    "install the packages `chromium chromium-driver` (apt-get install -y chromium chromium-driver)";
+    "install Debian's packages `chromium chromium-driver` (`scripts/install-deps` installs every \
+     tool the tests need)";
 
 /// A Chromium session through its own chromedriver.
 pub struct Browser {

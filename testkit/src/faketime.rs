@@ -1,6 +1,6 @@
 //! A child process with its wall clock moved, through libfaketime (Debian's `faketime` package,
-//! which `.ci/run` installs): for the tests where the relay's or the CLI's clock disagrees with
-//! the database's. Only the child is affected; PostgreSQL keeps the real time.
+//! which `scripts/install-deps` installs): for the tests where the relay's or the CLI's clock
+//! disagrees with the database's. Only the child is affected; PostgreSQL keeps the real time.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,7 +31,8 @@ pub fn libfaketime() -> &'static Path {
             .unwrap_or_else(|| {
                 panic!(
                     "libfaketime.so.1 not found: install Debian's `faketime` package \
-                     (`apt-get install faketime`, as .ci/run does) or set ${FAKETIME_LIB_ENV}"
+                     (`scripts/install-deps` installs every tool the tests need) or set \
+                     ${FAKETIME_LIB_ENV}"
                 )
             })
     })

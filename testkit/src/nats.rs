@@ -24,7 +24,11 @@ fn nats_bin() -> &'static Path {
         proc::find_bin(
             NATS_SERVER_ENV,
             "nats-server",
-            &format!("nats-server not found on PATH or in /usr/sbin (set ${NATS_SERVER_ENV})"),
+            &format!(
+                "nats-server not found on PATH or in /usr/sbin: install Debian's `nats-server` \
+                 package (`scripts/install-deps` installs every tool the tests need) or set \
+                 ${NATS_SERVER_ENV}"
+            ),
         )
     })
 }

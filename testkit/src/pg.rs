@@ -97,8 +97,9 @@ fn pg_bins() -> &'static PgBins {
             .unwrap_or_else(|| {
                 panic!(
                     "PostgreSQL server binaries not found: no initdb+postgres on PATH, \
-                     via `pg_config --bindir` or in /usr/lib/postgresql/*/bin \
-                     (set ${PG_BINDIR_ENV})"
+                     via `pg_config --bindir` or in /usr/lib/postgresql/*/bin: install \
+                     Debian's `postgresql` package (`scripts/install-deps` installs every \
+                     tool the tests need) or set ${PG_BINDIR_ENV}"
                 )
             })
     })
@@ -115,7 +116,7 @@ pub(crate) fn run_as() -> Option<(u32, u32)> {
         .unwrap_or_else(|| {
             panic!(
                 "running as root but there is no `postgres` OS user; PostgreSQL \
-                 refuses to run as root"
+                 refuses to run as root (Debian's `postgresql` package creates the user)"
             )
         });
     Some((user.uid.as_raw(), user.gid.as_raw()))

@@ -25,8 +25,9 @@ fn pgbouncer_bin() -> &'static Path {
             PGBOUNCER_ENV,
             "pgbouncer",
             &format!(
-                "pgbouncer not found on PATH or in /usr/sbin (install Debian's `pgbouncer` \
-                 package or set ${PGBOUNCER_ENV})"
+                "pgbouncer not found on PATH or in /usr/sbin: install Debian's `pgbouncer` \
+                 package (`scripts/install-deps` installs every tool the tests need) or set \
+                 ${PGBOUNCER_ENV}"
             ),
         )
     })
