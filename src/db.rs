@@ -69,6 +69,16 @@ pub async fn connect(url: &str, application_name: &str) -> Result<Client> {
     Ok(client)
 }
 
+/// Asks the server of `url` to cancel what the connection of `token` runs now (libpq's
+/// `PQcancel`: a short connection of its own, with the URL's TLS settings). Best effort: the
+/// server may have finished meanwhile.
+pub(crate) async fn cancel(url: &str, token: &tokio_postgres::CancelToken) -> Result<()> {
+    let (_, tls) = parse(url, "database_url")?;
+    let connector = MakeRustlsConnect::new(tls.client_config("database_url")?);
+    token.cancel_query(connector).await?;
+    Ok(())
+}
+
 /// Settings every connection of the relay gets.
 fn prepare(config: &mut Config, application_name: &str) {
     if config.get_application_name().is_none() {

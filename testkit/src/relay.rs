@@ -98,6 +98,19 @@ impl RelayProcess {
         }
     }
 
+    /// Sends SIGTERM and waits up to `limit`: `Ok(exit code)`, or `Err` when it was still running
+    /// then (it is killed); with its whole log either way.
+    pub fn terminate_logged(mut self, limit: Duration) -> (Result<Option<i32>, ()>, String) {
+        let exit = match proc::signal_and_wait(&mut self.child, Signal::SIGTERM, limit, false) {
+            Some(status) => Ok(status.code()),
+            None => {
+                proc::kill_and_reap(&mut self.child);
+                Err(())
+            }
+        };
+        (exit, self.log())
+    }
+
     /// SIGTERM and wait (15 s, then SIGKILL), off the async runtime's threads. Returns a note when
     /// the exit was not clean.
     pub async fn stop(mut self) -> Option<String> {

@@ -218,6 +218,26 @@ impl Store {
         self.in_tx = false;
     }
 
+    /// At a shutdown that cannot wait for the work in hand (a statement waiting for a lock, a
+    /// server that does not answer): asks the server to cancel what the connection runs (so that
+    /// it does not go on holding the claim's row locks, or waiting, after the relay is gone),
+    /// then drops it. Bounded.
+    pub async fn cancel_and_reset(&mut self) {
+        if let Some((client, _)) = &self.conn {
+            let token = client.cancel_token();
+            match tokio::time::timeout(Duration::from_secs(2), crate::db::cancel(&self.url, &token))
+                .await
+            {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "cancelling a worker connection's statement failed")
+                }
+                Err(_) => tracing::debug!("cancelling a worker connection's statement timed out"),
+            }
+        }
+        self.reset();
+    }
+
     /// A new worker connection with its statements. No session state: settings are per
     /// transaction (see `begin_claim.sql`). Statements are prepared inside such a transaction, so
     /// that `--schema` resolves their tables.

@@ -287,7 +287,9 @@ impl Control {
     }
 
     /// The aggregates handed to the table, and those with a pending row that may not be
-    /// published now (`all_pending`: with any pending row).
+    /// published now (`all_pending`: with any pending row), which are recorded as handed to the
+    /// table before this returns: what the stream then leaves to the table is never known only
+    /// in memory.
     pub async fn deferred(&self, all_pending: bool) -> Result<Vec<AggregateKey>> {
         let rows = self
             .client

@@ -4,6 +4,7 @@
 //! the pure [`Pipeline`]; this loop performs it and reports what happened.
 
 use foldhash::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use backoff::backoff::Backoff;
@@ -15,7 +16,7 @@ use super::control::Control;
 use super::pipeline::{BatchId, Pipeline};
 use super::store::WalOpen;
 use super::stream::Stream;
-use super::{Stop, WalSource};
+use super::{within_grace, Stop, WalSource};
 use crate::error::{Error, Result};
 use crate::event::{AggregateKey, OutboxEvent};
 use crate::source::batch::{publish_claim, BatchReport, Published};
@@ -43,6 +44,44 @@ struct Finishing {
     published: Published,
     /// The aggregates it hands to the table.
     handed: Vec<AggregateKey>,
+}
+
+/// The batches a step is still busy with, for the word on what a shutdown could not wait for
+/// (each the batch's number plus one; 0: none).
+#[derive(Default)]
+struct Progress {
+    recording: AtomicU64,
+    publishing: AtomicU64,
+    claiming: AtomicU64,
+}
+
+impl Progress {
+    fn begin(part: &AtomicU64, batch: BatchId) {
+        part.store(batch.saturating_add(1), Ordering::Relaxed);
+    }
+
+    fn end(part: &AtomicU64) {
+        part.store(0, Ordering::Relaxed);
+    }
+
+    /// What the step still waits for, in words.
+    fn waiting_for(&self) -> String {
+        let parts: Vec<String> = [
+            (&self.recording, "the database to record batch"),
+            (&self.publishing, "the broker to acknowledge batch"),
+            (&self.claiming, "the database to claim batch"),
+        ]
+        .into_iter()
+        .filter_map(|(part, what)| {
+            let batch = part.load(Ordering::Relaxed);
+            (batch > 0).then(|| format!("{what} {}", batch - 1))
+        })
+        .collect();
+        match parts.is_empty() {
+            true => "a step of the batches".to_string(),
+            false => parts.join(", "),
+        }
+    }
 }
 
 /// What one step did.
@@ -87,7 +126,13 @@ impl WalSource<'_> {
             let sweep_due = sweep_at.is_some_and(|at| at <= Instant::now());
             if claimed.is_none() && finishing.is_none() {
                 if sweep_due && !pipeline.has_fresh() {
-                    sweep_at = self.sweep(&mut pipeline).await;
+                    let Some(next) = within_grace(shutdown, self.sweep(&mut pipeline)).await else {
+                        self.abandon("the database to sweep the aggregates handed to the table")
+                            .await;
+                        stream.stop().await;
+                        return Ok(());
+                    };
+                    sweep_at = next;
                     confirm(&mut pipeline, &stream);
                     continue;
                 }
@@ -131,9 +176,19 @@ impl WalSource<'_> {
             let no_claim = hold || (sweep_due && !pipeline.has_fresh());
             // After broker trouble: record what was published, publish nothing new, then pause.
             let kept = if hold { claimed.take() } else { None };
-            let step = self
-                .step(&mut pipeline, finishing.take(), claimed.take(), no_claim)
-                .await;
+            let progress = Progress::default();
+            let step = self.step(
+                &mut pipeline,
+                finishing.take(),
+                claimed.take(),
+                no_claim,
+                &progress,
+            );
+            let Some(step) = within_grace(shutdown, step).await else {
+                self.abandon(&progress.waiting_for()).await;
+                stream.stop().await;
+                return Ok(());
+            };
             let pause_after = std::mem::take(&mut hold);
             if let Some((report, handed)) = step.recorded {
                 if !handed.is_empty() {
@@ -189,16 +244,28 @@ impl WalSource<'_> {
         // published is undone (its rows are pending again); whatever was not confirmed streams
         // again to the next leader.
         if let Some(f) = finishing {
-            let recorded = match self.stores[f.store].resume(f.open, f.handed) {
-                Ok((claim, record)) => f
-                    .published
-                    .finish_with(claim, self.metrics, record)
-                    .await
-                    .map(|_| ()),
-                Err(e) => Err(e),
+            let (batch, metrics) = (f.batch, self.metrics);
+            let store = &mut self.stores[f.store];
+            let record = async {
+                match store.resume(f.open, f.handed) {
+                    Ok((claim, record)) => f
+                        .published
+                        .finish_with(claim, metrics, record)
+                        .await
+                        .map(|_| ()),
+                    Err(e) => Err(e),
+                }
             };
-            if let Err(e) = recorded {
-                tracing::warn!(error = %e, "recording the last batch failed; its events go out again");
+            // Shutdown came already: the record has the grace alone.
+            match tokio::time::timeout(super::SHUTDOWN_GRACE, record).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "recording the last batch failed; its events go out again")
+                }
+                Err(_) => {
+                    self.abandon(&format!("the database to record batch {batch}"))
+                        .await
+                }
             }
         }
         if let Some(c) = claimed {
@@ -230,6 +297,7 @@ impl WalSource<'_> {
         finishing: Option<Finishing>,
         claimed: Option<Claimed>,
         no_claim: bool,
+        progress: &Progress,
     ) -> Step {
         // What to publish and what to claim is decided before the I/O.
         let publishing = claimed.map(|c| {
@@ -260,10 +328,12 @@ impl WalSource<'_> {
         let (retry, publisher) = (self.retry, &self.publisher);
         let record = async {
             let (f, store) = (finishing?, fin_s?);
+            Progress::begin(&progress.recording, f.batch);
             let result = match store.resume(f.open, f.handed.clone()) {
                 Ok((claim, record)) => f.published.finish_with(claim, metrics, record).await,
                 Err(e) => Err(e),
             };
+            Progress::end(&progress.recording);
             Some((f.batch, result.map(|report| (report, f.handed))))
         };
         let publish = async {
@@ -274,6 +344,7 @@ impl WalSource<'_> {
                 mut open,
                 mut events,
             } = c;
+            Progress::begin(&progress.publishing, batch);
             *open.open.groups_mut() = groups
                 .iter()
                 .map(|g| g.iter().filter_map(|id| events.remove(id)).collect())
@@ -297,11 +368,14 @@ impl WalSource<'_> {
                 }
             }
             .await;
+            Progress::end(&progress.publishing);
             Some((batch, index, result))
         };
         let claim = async {
             let (mut cut, store) = (cut?, claim_s?);
+            Progress::begin(&progress.claiming, cut.batch);
             let result = store.claim_ids(&mut cut.rows).await;
+            Progress::end(&progress.claiming);
             Some((cut.batch, result))
         };
         let (recorded, published, claimed) = tokio::join!(record, publish, claim);
@@ -351,7 +425,7 @@ impl WalSource<'_> {
         if let Some((batch, result)) = claimed {
             match result {
                 Ok(ids) if !failed => {
-                    pipeline.claimed(batch, &ids.found);
+                    pipeline.claimed(batch, &ids.found, &ids.moved);
                     step.claimed = Some(Claimed {
                         batch,
                         store: claim_store,

@@ -91,7 +91,18 @@ impl WalSource<'_> {
         control: &Control,
         shutdown: &CancellationToken,
     ) -> std::result::Result<(), Stop> {
-        let state = control.state(&self.slot).await.map_err(|e| {
+        let Some(state) = self
+            .on_control(
+                control,
+                shutdown,
+                "reading the slot's state",
+                control.state(&self.slot),
+            )
+            .await
+        else {
+            return Ok(());
+        };
+        let state = state.map_err(|e| {
             let code = e.as_db_error().and_then(|d| d.code()).map(|c| c.code());
             if matches!(code, Some("42883" | "42P01")) {
                 // outbox_wal_publication() or outbox_wal_slots is missing: the schema predates
@@ -177,7 +188,18 @@ impl WalSource<'_> {
             }
             control.caught_up(&self.slot).await?;
         }
-        let held = control.deferred(created).await?;
+        let Some(held) = self
+            .on_control(
+                control,
+                shutdown,
+                "reading the aggregates handed to the table",
+                control.deferred(created),
+            )
+            .await
+        else {
+            return Ok(());
+        };
+        let held = held?;
         let buffer = self.batch.stream_buffer();
         let start = Stream::start(
             self.url,
@@ -241,6 +263,35 @@ impl WalSource<'_> {
         result
     }
 
+    /// `work`, a statement on the control connection, unless shutdown comes first: then the
+    /// statement is cancelled (it may wait for a lock) and `None` returned.
+    async fn on_control<T>(
+        &self,
+        control: &Control,
+        shutdown: &CancellationToken,
+        what: &str,
+        work: impl Future<Output = T>,
+    ) -> Option<T> {
+        let out = until_shutdown(shutdown, work).await;
+        if out.is_none() {
+            tracing::warn!(waiting_for = what, "stopped while the control connection was waiting for the database ({what}); cancelling it");
+            self.cancel_control(control).await;
+        }
+        out
+    }
+
+    /// Cancels what the control connection runs, from a short connection beside it (best effort).
+    async fn cancel_control(&self, control: &Control) {
+        let cancelled = async { Aside::connect(self.url).await?.cancel(control.pid()).await };
+        match tokio::time::timeout(Duration::from_secs(2), cancelled).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cancelling the control connection's statement failed")
+            }
+            Err(_) => tracing::warn!("cancelling the control connection's statement timed out"),
+        }
+    }
+
     /// Creates the slot. Creating a logical slot waits until every transaction holding an xid
     /// when it began has ended (a forgotten prepared transaction: for ever): meanwhile the relay
     /// says what it waits for, and a shutdown cancels the creation. `false`: shutdown.
@@ -260,14 +311,7 @@ impl WalSource<'_> {
                 }
                 _ = shutdown.cancelled() => {
                     tracing::info!(slot = %self.slot, "stopped while creating the replication slot (it waited for open transactions); cancelling the creation");
-                    match Aside::connect(self.url).await {
-                        Ok(aside) => {
-                            if let Err(e) = aside.cancel(control.pid()).await {
-                                tracing::warn!(error = %e, "cancelling the slot's creation failed");
-                            }
-                        }
-                        Err(e) => tracing::warn!(error = %e, "cancelling the slot's creation failed"),
-                    }
+                    self.cancel_control(control).await;
                     return Ok(false);
                 }
                 _ = tokio::time::sleep_until(log_at) => {
@@ -314,14 +358,22 @@ impl WalSource<'_> {
             let started = std::time::Instant::now();
             let (batch, retry) = (self.batch, self.retry);
             let (publisher, metrics) = (&self.publisher, self.metrics);
-            let result = match self.stores[0]
-                .claim_table(batch.ordering, batch.size, batch.max_bytes)
-                .await
-            {
-                Ok((claim, record)) => {
-                    run_claim(retry, publisher, metrics, claim, started, record).await
+            let store = &mut self.stores[0];
+            let work = async {
+                match store
+                    .claim_table(batch.ordering, batch.size, batch.max_bytes)
+                    .await
+                {
+                    Ok((claim, record)) => {
+                        run_claim(retry, publisher, metrics, claim, started, record).await
+                    }
+                    Err(e) => Err(e),
                 }
-                Err(e) => Err(e),
+            };
+            let Some(result) = super::within_grace(shutdown, work).await else {
+                self.abandon("the database to catch up from the table")
+                    .await;
+                return Ok(false);
             };
             let failed = match result {
                 Ok(report) if report.broker_failures == 0 && !report.full => {

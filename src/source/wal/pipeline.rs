@@ -307,10 +307,13 @@ impl Pipeline {
 
     /// The claim of `batch` found `found` (a candidate missing there: not visible). Decides each
     /// row's fate inside the batch; the batches before it are settled when it publishes.
+    /// `moved`: rows found pending in another aggregate than the stream carried (changed after
+    /// their insert): that aggregate goes to the table too.
     pub fn claimed<S: BuildHasher>(
         &mut self,
         batch: BatchId,
         found: &std::collections::HashMap<Uuid, Found, S>,
+        moved: &std::collections::HashMap<Uuid, AggregateKey, S>,
     ) {
         let Some(at) = self.flight_index(batch) else {
             return;
@@ -341,6 +344,9 @@ impl Pipeline {
             {
                 to_table.insert(key);
                 flight.handed.insert(key.clone());
+                if let Some(to) = (!moved.is_empty()).then(|| moved.get(&row.id)).flatten() {
+                    flight.handed.insert(to.clone());
+                }
                 Fate::Table
             } else {
                 Fate::Publish

@@ -143,6 +143,10 @@ pub(crate) struct ClaimedIds {
     pub open: WalOpen,
     pub events: HashMap<Uuid, OutboxEvent>,
     pub found: HashMap<Uuid, Found>,
+    /// Rows whose aggregate is not the one the stream carried (changed after the insert), with
+    /// the aggregate the table holds them in: found [`Found::Pending`], not published by this
+    /// claim; both aggregates go to the table.
+    pub moved: HashMap<Uuid, AggregateKey>,
 }
 
 /// A claim of the wal source left open while its connection serves other work (see
@@ -314,11 +318,16 @@ impl WalStore {
         let wal = prepared(&self.statements)?;
         let mut claim = self.store.begin().await?;
         let (taken, states, marked) = claim_in(claim.client(), wal, candidates).await?;
+        let mut moved = HashMap::new();
         let mut found: HashMap<Uuid, Found> = states
             .into_iter()
             .map(|(id, state)| {
                 let f = match state {
                     RowState::Pending => Found::Pending,
+                    RowState::Moved(to) => {
+                        moved.insert(id, to);
+                        Found::Pending
+                    }
                     RowState::Done => Found::Done,
                     RowState::NotVisible => Found::NotVisible,
                 };
@@ -334,6 +343,7 @@ impl WalStore {
             },
             events: taken.claimed,
             found,
+            moved,
         })
     }
 
@@ -537,6 +547,28 @@ async fn claim_in(
         Some(_) => Vec::new(),
         None => taken.claimed.keys().copied().collect(),
     };
+    // The table is the truth: a row whose aggregate is not the one its candidate carries (the
+    // stream's copy, or what the sweep read a statement ago) was changed after its insert, and
+    // was decided on for the wrong aggregate. It is not published by this claim (it stays
+    // pending: marked rows are put back at the commit); both aggregates go to the table, which
+    // publishes it in the order of the aggregate it is in now.
+    for c in candidates.iter() {
+        let Some(event) = taken.claimed.get(&c.id) else {
+            continue;
+        };
+        if event.aggregate_type != c.aggregate.0 || event.aggregate_id != c.aggregate.1 {
+            let to = (event.aggregate_type.clone(), event.aggregate_id.clone());
+            tracing::warn!(
+                event_id = %c.id,
+                aggregate_id = %c.aggregate.1,
+                moved_to = %to.1,
+                "an event's aggregate changed after its insert; it goes out from the table in its new aggregate's order"
+            );
+            taken.claimed.remove(&c.id);
+            taken.tids.remove(&c.id);
+            states.insert(c.id, RowState::Moved(to));
+        }
+    }
     Ok((taken, states, marked))
 }
 
@@ -563,10 +595,12 @@ impl Taken {
 }
 
 /// What became of a candidate the claim did not take.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum RowState {
     /// Still to publish, but held elsewhere or not eligible now.
     Pending,
+    /// Pending in another aggregate than the candidate's (changed after its insert).
+    Moved(AggregateKey),
     /// Published already (a replay), or deleted.
     Done,
     /// Its transaction is not visible yet.
@@ -622,6 +656,11 @@ fn group_candidates(
                 Some(RowState::Pending) => {
                     stopped.insert(&c.aggregate);
                     out.defer.push(c.aggregate.clone());
+                }
+                Some(RowState::Moved(to)) => {
+                    stopped.insert(&c.aggregate);
+                    out.defer.push(c.aggregate.clone());
+                    out.defer.push(to.clone());
                 }
                 Some(RowState::Done) => {}
                 Some(RowState::NotVisible) | None => {

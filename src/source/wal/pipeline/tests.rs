@@ -263,7 +263,7 @@ impl World {
                     let (id, ids) = (b.id, b.rows.clone());
                     let found: HashMap<Uuid, Found> =
                         ids.iter().map(|id| (*id, self.found(id))).collect();
-                    p.claimed(id, &found);
+                    p.claimed(id, &found, &HashMap::new());
                 }
             }
             Op::Publish(outage) => {
@@ -492,7 +492,11 @@ fn a_row_not_visible_is_carried_while_its_aggregate_goes_to_the_table_and_back()
     p.stream(Change::Insert(row.clone()));
     p.stream(Change::Commit { end: 10 });
     let cut = p.cut(10, 10).expect("a batch");
-    p.claimed(cut.batch, &HashMap::from([(row.id, Found::NotVisible)]));
+    p.claimed(
+        cut.batch,
+        &HashMap::from([(row.id, Found::NotVisible)]),
+        &HashMap::new(),
+    );
     assert!(p.publish(cut.batch).is_empty());
     assert!(p.settled(cut.batch, &HashSet::new()).is_empty());
     p.recorded(cut.batch);
@@ -504,7 +508,11 @@ fn a_row_not_visible_is_carried_while_its_aggregate_goes_to_the_table_and_back()
     p.taken_back(&round.aggregates);
     // Visible now: it goes out from the stream.
     let cut = p.cut(10, 10).expect("claimed again");
-    p.claimed(cut.batch, &HashMap::from([(row.id, Found::Claimed)]));
+    p.claimed(
+        cut.batch,
+        &HashMap::from([(row.id, Found::Claimed)]),
+        &HashMap::new(),
+    );
     assert_eq!(p.publish(cut.batch), [vec![row.id]]);
     p.settled(cut.batch, &HashSet::from([row.id]));
     p.recorded(cut.batch);
@@ -538,6 +546,7 @@ fn a_carried_row_keeps_the_slot_waiting_only_until_it_is_resolved() {
             (rows[0].id, Found::Claimed),
             (rows[1].id, Found::NotVisible),
         ]),
+        &HashMap::new(),
     );
     assert_eq!(p.publish(cut.batch), [vec![rows[0].id]]);
     assert_eq!(p.settled(cut.batch, &HashSet::new()), [key(0)]);
@@ -545,7 +554,11 @@ fn a_carried_row_keeps_the_slot_waiting_only_until_it_is_resolved() {
     assert_eq!(p.confirm(), Some(10), "the first is with the table");
     // Visible now, its aggregate with the table: the table takes it; the slot moves on.
     let cut = p.cut(10, 10).expect("claimed again");
-    p.claimed(cut.batch, &HashMap::from([(rows[1].id, Found::Claimed)]));
+    p.claimed(
+        cut.batch,
+        &HashMap::from([(rows[1].id, Found::Claimed)]),
+        &HashMap::new(),
+    );
     assert!(p.publish(cut.batch).is_empty());
     p.settled(cut.batch, &HashSet::new());
     p.recorded(cut.batch);
