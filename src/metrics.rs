@@ -167,6 +167,9 @@ pub struct Metrics {
     pub replication_lag_bytes: Gauge<f64, AtomicU64>,
     /// `outbox_wal_streaming`: 1 while this relay streams from the slot, 0 while it stands by
     pub wal_streaming: Gauge,
+    /// `outbox_wal_stranded_events`: pending rows the slot had passed without the stream
+    /// carrying them (found by the stream's fallback and handed to the table)
+    pub wal_stranded: Counter,
     /// The event types `published` counts on their own ([`Metrics::count_published`]).
     published_event_types: EventTypeCap,
     /// The event types `failed` counts on their own ([`Metrics::count_failed`]).
@@ -203,6 +206,7 @@ impl Metrics {
             retention_deleted: Family::default(),
             replication_lag_bytes: Gauge::default(),
             wal_streaming: Gauge::default(),
+            wal_stranded: Counter::default(),
             published_event_types: EventTypeCap::new(
                 "outbox_events_published",
                 crate::config::DEFAULT_METRICS_EVENT_TYPES_MAX,
@@ -292,6 +296,11 @@ impl Metrics {
             "outbox_wal_streaming",
             "1 while this relay streams from the replication slot (--source wal), 0 while it stands by",
             m.wal_streaming.clone(),
+        );
+        registry.register(
+            "outbox_wal_stranded_events",
+            "Pending events the replication slot had passed that no stream carried (--source wal: a publication changed for a moment, a row changed by hand), found by the stream's fallback and handed to the table; each is a defect or a hand-made change to look into",
+            m.wal_stranded.clone(),
         );
         registry.register(
             "outbox_relay_build",

@@ -19,11 +19,24 @@
 -- without a sort. An equality would let the planner take the pending aggregate index, whose `seq`
 -- comes third: on a new table it costs the same as a probe, and it then scans every pending row
 -- for each pair (a relay started before a burst fell behind its writers, measured).
-SELECT e.id, e.tid, e.xmin, e.rewritten
+-- `prev`: the row's nearest older pending row of its aggregate (NULL: none), one backward probe of
+-- the pending aggregate index (a one-value range of aggregate_id in descending (aggregate_id, seq)
+-- order, which only that index gives without a sort). The relay publishes a streamed row only when
+-- that row is one it knows (streamed, in flight, or resolved a moment ago); otherwise the table
+-- holds an older event of the aggregate that no stream carried (skipped, or left by an earlier
+-- relay) and the aggregate goes to the table, which publishes in seq order.
+SELECT e.id, e.tid, e.xmin, e.rewritten, e.prev
 FROM unnest($1::int8[], $2::uuid[]) AS p(seq, id)
 CROSS JOIN LATERAL (
     SELECT e.id, e.ctid::text AS tid, e.xmin::text::int8 AS xmin,
-           coalesce(e.rewritten, false) AS rewritten
+           coalesce(e.rewritten, false) AS rewritten,
+           (SELECT o.id FROM outbox_events o
+                   WHERE o.processed_at IS NULL
+                     AND o.aggregate_type = e.aggregate_type
+                     AND o.aggregate_id >= e.aggregate_id AND o.aggregate_id <= e.aggregate_id
+                     AND o.seq < e.seq
+                   ORDER BY o.aggregate_id DESC, o.seq DESC
+                   LIMIT 1) AS prev
     FROM outbox_events e
     WHERE e.seq >= p.seq AND e.seq <= p.seq
       AND (e.id = p.id) IS TRUE

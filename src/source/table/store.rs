@@ -416,6 +416,9 @@ pub(crate) struct ClaimedRow {
     /// Where the row is (`ctid`), when the statement returns it (the wal source's lock by id):
     /// its delete after the acks finds the row there.
     pub tid: Option<String>,
+    /// The nearest older pending row of its aggregate, when the statement returns it (the wal
+    /// source's claims by id).
+    pub prev: Option<Uuid>,
 }
 
 impl ClaimedRow {
@@ -569,6 +572,7 @@ fn claimed_row(row: &Row) -> Result<ClaimedRow> {
             event: None,
             held,
             tid: None,
+            prev: None,
         });
     }
     let mut defects = Vec::new();
@@ -603,12 +607,18 @@ fn claimed_row(row: &Row) -> Result<ClaimedRow> {
         Some(c) if c.name() == "tid" => row.try_get("tid")?,
         _ => None,
     };
+    // Only the wal source's claims by id read it (after `held`).
+    let prev = match row.columns().get(11) {
+        Some(c) if c.name() == "prev" => row.try_get("prev")?,
+        _ => None,
+    };
     Ok(ClaimedRow {
         seq,
         aggregate,
         event: Some(event),
         held,
         tid,
+        prev,
     })
 }
 
@@ -916,6 +926,7 @@ mod tests {
             }),
             held: false,
             tid: None,
+            prev: None,
         }
     }
 

@@ -6,6 +6,8 @@ use tokio_postgres::Client;
 
 use std::time::Duration;
 
+use uuid::Uuid;
+
 use super::publication::{self, Publication};
 use crate::error::{Error, Result};
 use crate::event::AggregateKey;
@@ -23,6 +25,21 @@ const SLOT_LAG: &str = include_str!("../../../sql/queries/wal/slot_lag.sql");
 const BACKEND_PID: &str = include_str!("../../../sql/queries/wal/backend_pid.sql");
 const WAITS_FOR: &str = include_str!("../../../sql/queries/wal/wal_waits_for.sql");
 const CANCEL_BACKEND: &str = include_str!("../../../sql/queries/wal/cancel_backend.sql");
+const STRANDED_SCAN: &str = include_str!("../../../sql/queries/wal/stranded_scan.sql");
+const STRANDED_CHECK: &str = include_str!("../../../sql/queries/wal/stranded_check.sql");
+const DEFER: &str = include_str!("../../../sql/queries/wal/defer.sql");
+const BEGIN_CLAIM: &str = include_str!("../../../sql/queries/table/begin_claim.sql");
+
+/// What the stream's fallback saw pending (see `stranded_scan.sql`).
+#[derive(Debug, Default)]
+pub(crate) struct Scan {
+    /// The server's WAL insert position after the rows were seen: every one committed before it.
+    pub lsn: u64,
+    /// Each aggregate's oldest pending row that may go now, of aggregates not handed to the table.
+    pub rows: Vec<(Uuid, AggregateKey)>,
+    /// The last aggregate looked at: the next look goes on from there (`None`: from the start).
+    pub next: Option<AggregateKey>,
+}
 
 /// The relay's control connection of `--source wal`: leadership, the slot, the deferred
 /// aggregates. A session of its own (never through a transaction pooler): its advisory lock is the
@@ -290,6 +307,62 @@ impl Control {
     /// published now (`all_pending`: with any pending row), which are recorded as handed to the
     /// table before this returns: what the stream then leaves to the table is never known only
     /// in memory.
+    /// The stream's fallback, first look: up to `limit` aggregates with a pending row, from
+    /// `from` on (see `stranded_scan.sql`).
+    pub async fn stranded_scan(&self, limit: usize, from: Option<&AggregateKey>) -> Result<Scan> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let (t, i) = from.map_or(("", ""), |(t, i)| (t.as_str(), i.as_str()));
+        self.client.batch_execute(BEGIN_CLAIM).await?;
+        let rows = self
+            .client
+            .query_typed(
+                STRANDED_SCAN,
+                &[(&limit, Type::INT8), (&t, Type::TEXT), (&i, Type::TEXT)],
+            )
+            .await;
+        self.client.batch_execute("COMMIT").await?;
+        let rows = rows?;
+        let mut scan = Scan::default();
+        for row in &rows {
+            let lsn: tokio_postgres::types::PgLsn = row.try_get("lsn")?;
+            scan.lsn = scan.lsn.max(u64::from(lsn));
+            let key: AggregateKey = (row.try_get("aggregate_type")?, row.try_get("aggregate_id")?);
+            if row.try_get("candidate")? {
+                scan.rows.push((row.try_get("id")?, key.clone()));
+            }
+            scan.next = Some(key);
+        }
+        if rows.len() < usize::try_from(limit).unwrap_or(usize::MAX) {
+            // Round the whole outbox: the next look starts again.
+            scan.next = None;
+        }
+        Ok(scan)
+    }
+
+    /// The stream's fallback, second look: of `ids`, the rows still pending and publishable.
+    pub async fn stranded_check(&self, ids: &[Uuid]) -> Result<Vec<(Uuid, AggregateKey)>> {
+        let rows = self
+            .client
+            .query_typed(STRANDED_CHECK, &[(&ids, Type::UUID_ARRAY)])
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, (r.try_get(1)?, r.try_get(2)?))))
+            .collect()
+    }
+
+    /// Hands `keys` to the table (committed when this returns).
+    pub async fn hand_over(&self, keys: &[AggregateKey]) -> Result<()> {
+        let (types, ids): (Vec<&str>, Vec<&str>) =
+            keys.iter().map(|(t, i)| (t.as_str(), i.as_str())).unzip();
+        self.client
+            .query_typed(
+                DEFER,
+                &[(&types, Type::TEXT_ARRAY), (&ids, Type::TEXT_ARRAY)],
+            )
+            .await?;
+        Ok(())
+    }
+
     pub async fn deferred(&self, all_pending: bool) -> Result<Vec<AggregateKey>> {
         let rows = self
             .client

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::control::Control;
+use super::fallback::Fallback;
 use super::pipeline::{BatchId, Pipeline};
 use super::store::WalOpen;
 use super::stream::Stream;
@@ -105,6 +106,7 @@ impl WalSource<'_> {
     ) -> std::result::Result<(), Stop> {
         let mut pipeline = Pipeline::new(held);
         let mut sweep_at = (!pipeline.held().is_empty()).then(Instant::now);
+        let mut fallback = Fallback::new(self.source.fallback_interval);
         let mut claimed: Option<Claimed> = None;
         let mut finishing: Option<Finishing> = None;
         // The broker had trouble with part of the last batch published: record it, then pause.
@@ -120,6 +122,22 @@ impl WalSource<'_> {
                     "the control connection (the leadership) was lost",
                     true,
                 )));
+            }
+            if fallback.due <= Instant::now() {
+                let look = self.look_for_stranded(control, &mut pipeline, &mut fallback);
+                match within_grace(shutdown, look).await {
+                    None => {
+                        self.abandon("the database to look for rows no stream carried")
+                            .await;
+                        stream.stop().await;
+                        return Ok(());
+                    }
+                    Some(Ok(true)) => sweep_at = Some(Instant::now()),
+                    Some(Ok(false)) => {}
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "looking for rows no stream carried failed; looking again in an interval")
+                    }
+                }
             }
             // A sweep that is due runs once the pipeline is empty: no new rows are taken from the
             // stream meanwhile, so that a stream that never pauses does not keep it waiting.
@@ -143,7 +161,7 @@ impl WalSource<'_> {
                     let wake_at = if carried {
                         Some(Instant::now() + carry_wait)
                     } else {
-                        sweep_at
+                        Some(sweep_at.map_or(fallback.due, |s| s.min(fallback.due)))
                     };
                     tokio::select! {
                         _ = shutdown.cancelled() => break,
@@ -196,9 +214,10 @@ impl WalSource<'_> {
                         aggregates = handed.len(),
                         "aggregates handed to the table (a failed or held event)"
                     );
-                    let at =
-                        Instant::now() + report.next_retry.unwrap_or(self.source.fallback_interval);
-                    sweep_at = Some(sweep_at.map_or(at, |s| s.min(at)));
+                    // At once: an aggregate handed over behind a row no stream carried (or moved
+                    // to another aggregate) may go now; one behind a dead letter or a row held
+                    // elsewhere costs the sweep a look, which then waits for its due time.
+                    sweep_at = Some(Instant::now());
                 }
                 if report.published > 0 {
                     carry_wait = VISIBILITY_RETRY;
@@ -425,7 +444,7 @@ impl WalSource<'_> {
         if let Some((batch, result)) = claimed {
             match result {
                 Ok(ids) if !failed => {
-                    pipeline.claimed(batch, &ids.found, &ids.moved);
+                    pipeline.claimed(batch, &ids.found, &ids.moved, &ids.prev);
                     step.claimed = Some(Claimed {
                         batch,
                         store: claim_store,

@@ -15,9 +15,12 @@
 //!   facts the pipeline needs.
 //! - `sweep`: publishes the events of aggregates the table holds, in seq order, and takes them
 //!   back once none is pending.
+//! - `fallback`: every `--fallback-interval`, finds pending rows the slot passed that no stream
+//!   carried, and hands their aggregates to the table.
 
 pub(crate) mod control;
 mod driver;
+mod fallback;
 mod leader;
 pub(crate) mod pgoutput;
 pub(crate) mod pipeline;

@@ -177,6 +177,9 @@ pub(crate) struct Pipeline {
     waiting: BTreeSet<u64>,
     /// Rows waiting that were not carried (claimed at once, no pause).
     fresh: usize,
+    /// The ids resolved by the last two records (published or gone): a claim running beside a
+    /// record may still have seen them pending.
+    recent: VecDeque<Vec<Uuid>>,
 }
 
 impl Pipeline {
@@ -250,6 +253,22 @@ impl Pipeline {
         &self.held
     }
 
+    /// The position the slot was last told to confirm: every row committed before it is resolved.
+    pub fn confirmed(&self) -> u64 {
+        self.confirmed
+    }
+
+    /// The ids of the rows streamed and not resolved (waiting, carried or in a batch).
+    pub fn tracked(&self) -> HashSet<Uuid> {
+        self.rows.values().map(|t| t.row.id).collect()
+    }
+
+    /// Aggregates handed to the table outside a batch (recorded already: the stream's fallback
+    /// found rows of them that no stream carried).
+    pub fn hand_over(&mut self, keys: impl IntoIterator<Item = AggregateKey>) {
+        self.held.extend(keys);
+    }
+
     /// Takes the rows waiting for a batch, in stream order: at most `max_rows` and `max_bytes`
     /// (the first row always).
     pub fn cut(&mut self, max_rows: usize, max_bytes: usize) -> Option<Cut> {
@@ -308,18 +327,34 @@ impl Pipeline {
     /// The claim of `batch` found `found` (a candidate missing there: not visible). Decides each
     /// row's fate inside the batch; the batches before it are settled when it publishes.
     /// `moved`: rows found pending in another aggregate than the stream carried (changed after
-    /// their insert): that aggregate goes to the table too.
+    /// their insert): that aggregate goes to the table too. `prev`: of the rows claimed, those
+    /// with an older pending row of their aggregate, and its id: a row behind one this pipeline
+    /// does not know (no stream carried it, or an earlier relay left it) is not published; its
+    /// aggregate goes to the table, which publishes both in seq order.
     pub fn claimed<S: BuildHasher>(
         &mut self,
         batch: BatchId,
         found: &std::collections::HashMap<Uuid, Found, S>,
         moved: &std::collections::HashMap<Uuid, AggregateKey, S>,
+        prev: &std::collections::HashMap<Uuid, Uuid, S>,
     ) {
         let Some(at) = self.flight_index(batch) else {
             return;
         };
         let held = &self.held;
         let rows = &self.rows;
+        // The rows this pipeline knows: streamed and not resolved, or resolved by the last
+        // records (a claim that ran beside a record saw their rows still pending).
+        let known: HashSet<Uuid> = match prev.is_empty() {
+            true => HashSet::new(),
+            false => rows
+                .values()
+                .map(|t| t.row.id)
+                .chain(self.recent.iter().flatten().copied())
+                .collect(),
+        };
+        let behind_unknown =
+            |id: &Uuid| !prev.is_empty() && prev.get(id).is_some_and(|p| !known.contains(p));
         let flight = &mut self.flights[at];
         // Per aggregate: after a row not visible, the rest is carried; after one pending, or when
         // the table holds the aggregate, the rest goes to the table (if visible).
@@ -341,6 +376,7 @@ impl Pipeline {
             } else if state == Found::Pending
                 || in_set(&to_table)
                 || (!held.is_empty() && held.contains(key))
+                || behind_unknown(&row.id)
             {
                 to_table.insert(key);
                 flight.handed.insert(key.clone());
@@ -466,14 +502,22 @@ impl Pipeline {
         let Some(flight) = self.flights.pop_front() else {
             return;
         };
+        let mut resolved = match self.recent.len() {
+            0 | 1 => Vec::new(),
+            _ => self.recent.pop_front().unwrap_or_default(),
+        };
+        resolved.clear();
         for (i, index) in flight.rows.iter().enumerate() {
             match flight.fate.get(i) {
                 Some(Fate::Published | Fate::Table | Fate::Done) => {
-                    self.rows.remove(index);
+                    if let Some(t) = self.rows.remove(index) {
+                        resolved.push(t.row.id);
+                    }
                 }
                 _ => self.requeue(*index, true),
             }
         }
+        self.recent.push_back(resolved);
         self.held.extend(flight.handed);
     }
 

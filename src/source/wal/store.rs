@@ -147,6 +147,8 @@ pub(crate) struct ClaimedIds {
     /// the aggregate the table holds them in: found [`Found::Pending`], not published by this
     /// claim; both aggregates go to the table.
     pub moved: HashMap<Uuid, AggregateKey>,
+    /// Of the rows claimed, those with an older pending row of their aggregate: that row's id.
+    pub prev: HashMap<Uuid, Uuid>,
 }
 
 /// A claim of the wal source left open while its connection serves other work (see
@@ -344,6 +346,7 @@ impl WalStore {
             events: taken.claimed,
             found,
             moved,
+            prev: taken.prev,
         })
     }
 
@@ -487,6 +490,9 @@ async fn claim_in(
             }
             for row in lock.query(client, &[&seqs, &ids]).await? {
                 let id: Uuid = row.try_get("id")?;
+                if let Some(prev) = row.try_get::<_, Option<Uuid>>("prev")? {
+                    taken.prev.insert(id, prev);
+                }
                 let xmin: i64 = row.try_get("xmin")?;
                 let rewritten: bool = row.try_get("rewritten")?;
                 let content = streamed.remove(&id).and_then(|(xid, content)| {
@@ -566,6 +572,7 @@ async fn claim_in(
             );
             taken.claimed.remove(&c.id);
             taken.tids.remove(&c.id);
+            taken.prev.remove(&c.id);
             states.insert(c.id, RowState::Moved(to));
         }
     }
@@ -577,6 +584,8 @@ async fn claim_in(
 struct Taken {
     claimed: HashMap<Uuid, OutboxEvent>,
     tids: HashMap<Uuid, String>,
+    /// Rows with an older pending row of their aggregate: its id (see lock_ids.sql).
+    prev: HashMap<Uuid, Uuid>,
 }
 
 impl Taken {
@@ -584,9 +593,13 @@ impl Taken {
         self.claimed.reserve(rows.len());
         for mut row in rows {
             let tid = row.tid.take();
+            let prev = row.prev.take();
             if let Some(event) = row.into_event() {
                 if let Some(tid) = tid {
                     self.tids.insert(event.id, tid);
+                }
+                if let Some(prev) = prev {
+                    self.prev.insert(event.id, prev);
                 }
                 self.claimed.insert(event.id, event);
             }

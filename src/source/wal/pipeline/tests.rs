@@ -263,7 +263,7 @@ impl World {
                     let (id, ids) = (b.id, b.rows.clone());
                     let found: HashMap<Uuid, Found> =
                         ids.iter().map(|id| (*id, self.found(id))).collect();
-                    p.claimed(id, &found, &HashMap::new());
+                    p.claimed(id, &found, &HashMap::new(), &HashMap::new());
                 }
             }
             Op::Publish(outage) => {
@@ -496,6 +496,7 @@ fn a_row_not_visible_is_carried_while_its_aggregate_goes_to_the_table_and_back()
         cut.batch,
         &HashMap::from([(row.id, Found::NotVisible)]),
         &HashMap::new(),
+        &HashMap::new(),
     );
     assert!(p.publish(cut.batch).is_empty());
     assert!(p.settled(cut.batch, &HashSet::new()).is_empty());
@@ -511,6 +512,7 @@ fn a_row_not_visible_is_carried_while_its_aggregate_goes_to_the_table_and_back()
     p.claimed(
         cut.batch,
         &HashMap::from([(row.id, Found::Claimed)]),
+        &HashMap::new(),
         &HashMap::new(),
     );
     assert_eq!(p.publish(cut.batch), [vec![row.id]]);
@@ -547,6 +549,7 @@ fn a_carried_row_keeps_the_slot_waiting_only_until_it_is_resolved() {
             (rows[1].id, Found::NotVisible),
         ]),
         &HashMap::new(),
+        &HashMap::new(),
     );
     assert_eq!(p.publish(cut.batch), [vec![rows[0].id]]);
     assert_eq!(p.settled(cut.batch, &HashSet::new()), [key(0)]);
@@ -557,6 +560,7 @@ fn a_carried_row_keeps_the_slot_waiting_only_until_it_is_resolved() {
     p.claimed(
         cut.batch,
         &HashMap::from([(rows[1].id, Found::Claimed)]),
+        &HashMap::new(),
         &HashMap::new(),
     );
     assert!(p.publish(cut.batch).is_empty());
