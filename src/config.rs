@@ -471,10 +471,17 @@ impl BatchConfig {
         self.size.saturating_mul(2)
     }
 
-    /// Rows of each aggregate one sweep of `aggregates` aggregates claims: an even share of a
-    /// batch (at least one).
+    /// Rows and bytes one sweep of the aggregates the wal source handed to the table claims: a
+    /// quarter of a batch, so that the stream never waits long behind the table's work (sweeps
+    /// and the stream take turns; the table's share of the time is the same whatever the slice).
+    pub(crate) fn sweep_slice(&self) -> (usize, usize) {
+        ((self.size / 4).max(1), (self.max_bytes / 4).max(1))
+    }
+
+    /// Rows of each aggregate one sweep claims when `aggregates` of them may go: an even share of
+    /// [`BatchConfig::sweep_slice`] (at least one).
     pub(crate) fn per_aggregate(&self, aggregates: usize) -> usize {
-        (self.size / aggregates.max(1)).max(1)
+        (self.sweep_slice().0 / aggregates.max(1)).max(1)
     }
 
     /// Whether `rows` rows of `bytes` bytes fill a batch (the stream stops reading ahead then).

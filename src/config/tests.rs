@@ -78,7 +78,8 @@ fn derived_limits_come_from_the_batch_size() {
     };
     assert_eq!(b.acks_in_flight(), 512);
     assert_eq!(b.stream_buffer(), 200);
-    assert_eq!(b.per_aggregate(30), 3);
+    assert_eq!(b.sweep_slice(), (25, 250));
+    assert_eq!(b.per_aggregate(5), 5);
     assert_eq!(b.per_aggregate(300), 1);
     assert!(b.is_full(100, 0) && b.is_full(1, 1000) && !b.is_full(99, 999));
 }

@@ -351,33 +351,56 @@ impl WalStore {
     }
 
     /// Opens a transaction and claims, for aggregates handed to the table, their pending rows in
-    /// seq order up to the first one that may not be published now, at most `per_aggregate` of
-    /// each, `max_rows` and about `max_bytes` in all (a single larger row still goes alone).
-    /// Aggregates with no pending row left are taken back in the same transaction.
+    /// seq order up to the first one that may not be published now, a sweep's slice of a batch
+    /// in rows and bytes (a single larger row still goes alone), shared evenly among the
+    /// aggregates whose oldest pending row may go now (not among those stuck behind a dead letter
+    /// or a retry: a hot aggregate among a hundred blocked ones gets the whole batch). Aggregates
+    /// with no pending row left are taken back in the same transaction.
     pub async fn sweep(
         &mut self,
         aggregates: &[AggregateKey],
         frozen: &foldhash::HashSet<AggregateKey>,
-        per_aggregate: usize,
-        max_rows: usize,
-        max_bytes: usize,
+        batch: &crate::config::BatchConfig,
     ) -> Result<(Claim<'_>, WalRecord<'_>, SweepInfo)> {
+        let (max_rows, max_bytes) = batch.sweep_slice();
         self.ready().await?;
         let wal = prepared(&self.statements)?;
         let mut claim = self.store.begin().await?;
         let client = claim.client();
-        let (types, ids): (Vec<&str>, Vec<&str>) = aggregates
-            .iter()
-            .map(|(t, i)| (t.as_str(), i.as_str()))
-            .unzip();
-        // One more than taken: an aggregate that shows no more is complete.
-        let limit = i64::try_from(per_aggregate.saturating_add(1)).unwrap_or(i64::MAX);
-        let rows = wal
-            .pending_of
-            .query(client, &[&types, &ids, &limit])
-            .await?;
-        let mut pending: HashMap<AggregateKey, Vec<PendingRow>> = HashMap::new();
+        let keys = |aggregates: &[&AggregateKey]| -> (Vec<String>, Vec<String>) {
+            aggregates
+                .iter()
+                .map(|(t, i)| (t.clone(), i.clone()))
+                .unzip()
+        };
+        // First each aggregate's oldest pending row: which may go now.
+        let all: Vec<&AggregateKey> = aggregates.iter().collect();
+        let (types, ids) = keys(&all);
+        let heads = wal.pending_of.query(client, &[&types, &ids, &1i64]).await?;
         let mut info = SweepInfo::default();
+        let mut rows = Vec::with_capacity(heads.len());
+        let mut going: Vec<&AggregateKey> = Vec::new();
+        for row in heads {
+            let key: AggregateKey = (row.try_get(1)?, row.try_get(2)?);
+            let go = row.try_get::<_, bool>("eligible")? && !frozen.contains(&key);
+            match go.then(|| aggregates.iter().find(|k| **k == key)).flatten() {
+                Some(k) => going.push(k),
+                None => rows.push(row),
+            }
+        }
+        // Then those that may go, an even share of the batch each (one more than taken: an
+        // aggregate that shows no more is complete).
+        let per_aggregate = batch.per_aggregate(going.len());
+        if !going.is_empty() {
+            let limit = i64::try_from(per_aggregate.saturating_add(1)).unwrap_or(i64::MAX);
+            let (types, ids) = keys(&going);
+            rows.extend(
+                wal.pending_of
+                    .query(client, &[&types, &ids, &limit])
+                    .await?,
+            );
+        }
+        let mut pending: HashMap<AggregateKey, Vec<PendingRow>> = HashMap::new();
         for row in &rows {
             let key: AggregateKey = (row.try_get(1)?, row.try_get(2)?);
             let due: Option<f64> = row.try_get("due_in_seconds")?;

@@ -3,7 +3,7 @@
 //! goes back to the stream, in the same transaction.
 
 use std::collections::HashSet;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use backoff::backoff::Backoff;
 
@@ -15,26 +15,24 @@ use crate::source::batch::run_claim_with;
 /// Aggregates held by the table looked at per sweep.
 const SWEEP_AGGREGATES: usize = 100;
 
+/// The least time the stream has between two sweeps that found more to publish. Between them it
+/// has at least as long as the last sweep took: the table's work never takes more than half the
+/// relay's time, nor holds the stream up for more than one sweep (one batch) at a time.
+const SWEEP_GAP_MIN: Duration = Duration::from_millis(5);
+
 impl WalSource<'_> {
     /// Sweeps a round of the aggregates the table holds: publishes what may go now and takes back
     /// those left with nothing pending. Errors are logged; the sweep comes again. Returns when
     /// the next sweep is due (`None`: the table holds no aggregate).
     pub(super) async fn sweep(&mut self, pipeline: &mut Pipeline) -> Option<Instant> {
         let round = pipeline.sweep_round(SWEEP_AGGREGATES)?;
-        let per_aggregate = self.batch.per_aggregate(round.aggregates.len());
         let started = Instant::now();
         let mut taken_back = Vec::new();
         let mut next_due = None;
         let (batch, retry) = (self.batch, self.retry);
         let (publisher, metrics) = (&self.publisher, self.metrics);
         let result = match self.stores[0]
-            .sweep(
-                &round.aggregates,
-                &round.frozen,
-                per_aggregate,
-                batch.size,
-                batch.max_bytes,
-            )
+            .sweep(&round.aggregates, &round.frozen, batch)
             .await
         {
             Ok((claim, mut record, info)) => {
@@ -81,8 +79,8 @@ impl WalSource<'_> {
                 if report.broker_failures > 0 {
                     Some(now + self.trouble_delay())
                 } else if report.published > 0 || report.full {
-                    // More may be waiting behind what went out.
-                    Some(now)
+                    // More may be waiting behind what went out: after the stream's turn.
+                    Some(now + now.duration_since(started).max(SWEEP_GAP_MIN))
                 } else if pipeline.held().is_empty() {
                     None
                 } else {
