@@ -177,9 +177,10 @@ pub(crate) struct Pipeline {
     waiting: BTreeSet<u64>,
     /// Rows waiting that were not carried (claimed at once, no pause).
     fresh: usize,
-    /// The ids resolved by the last two records (published or gone): a claim running beside a
-    /// record may still have seen them pending.
-    recent: VecDeque<Vec<Uuid>>,
+    /// The rows resolved by the last two records (published, gone or with the table), with the
+    /// aggregate the stream carried: a claim running beside a record may still have seen them
+    /// pending.
+    recent: VecDeque<Vec<(Uuid, AggregateKey)>>,
 }
 
 impl Pipeline {
@@ -343,18 +344,21 @@ impl Pipeline {
         };
         let held = &self.held;
         let rows = &self.rows;
-        // The rows this pipeline knows: streamed and not resolved, or resolved by the last
-        // records (a claim that ran beside a record saw their rows still pending).
-        let known: HashSet<Uuid> = match prev.is_empty() {
-            true => HashSet::new(),
+        // The rows this pipeline knows, with the aggregate the stream carried: streamed and not
+        // resolved, or resolved by the last records (a claim that ran beside a record saw their
+        // rows still pending). A row is behind one of its aggregate it knows only when that row
+        // came in the same aggregate: one moved in from another is not in this aggregate's order.
+        let known: HashMap<Uuid, &AggregateKey> = match prev.is_empty() {
+            true => HashMap::new(),
             false => rows
                 .values()
-                .map(|t| t.row.id)
-                .chain(self.recent.iter().flatten().copied())
+                .map(|t| (t.row.id, &t.row.aggregate))
+                .chain(self.recent.iter().flatten().map(|(id, key)| (*id, key)))
                 .collect(),
         };
-        let behind_unknown =
-            |id: &Uuid| !prev.is_empty() && prev.get(id).is_some_and(|p| !known.contains(p));
+        let behind_unknown = |id: &Uuid, key: &AggregateKey| {
+            !prev.is_empty() && prev.get(id).is_some_and(|p| known.get(p) != Some(&key))
+        };
         let flight = &mut self.flights[at];
         // Per aggregate: after a row not visible, the rest is carried; after one pending, or when
         // the table holds the aggregate, the rest goes to the table (if visible).
@@ -376,7 +380,7 @@ impl Pipeline {
             } else if state == Found::Pending
                 || in_set(&to_table)
                 || (!held.is_empty() && held.contains(key))
-                || behind_unknown(&row.id)
+                || behind_unknown(&row.id, key)
             {
                 to_table.insert(key);
                 flight.handed.insert(key.clone());
@@ -511,7 +515,7 @@ impl Pipeline {
             match flight.fate.get(i) {
                 Some(Fate::Published | Fate::Table | Fate::Done) => {
                     if let Some(t) = self.rows.remove(index) {
-                        resolved.push(t.row.id);
+                        resolved.push((t.row.id, t.row.aggregate));
                     }
                 }
                 _ => self.requeue(*index, true),
