@@ -17,6 +17,7 @@ const CREATE_SLOT: &str = include_str!("../../../sql/queries/wal/create_slot.sql
 const DROP_SLOT: &str = include_str!("../../../sql/queries/wal/drop_slot.sql");
 const CATCH_UP_AGAIN: &str = include_str!("../../../sql/queries/wal/wal_catch_up_again.sql");
 const LISTEN: &str = include_str!("../../../sql/queries/wal/wal_listen.sql");
+const DURABLE: &str = include_str!("../../../sql/queries/wal/control_durable.sql");
 const SLOT_CREATED: &str = include_str!("../../../sql/queries/wal/slot_created.sql");
 const SLOT_CAUGHT_UP: &str = include_str!("../../../sql/queries/wal/slot_caught_up.sql");
 const SLOT_LAG: &str = include_str!("../../../sql/queries/wal/slot_lag.sql");
@@ -119,6 +120,9 @@ impl Control {
             }
         });
         client.batch_execute(LISTEN).await?;
+        // What it records (the aggregates handed to the table at start, the slot's catch-up)
+        // commits durably: the slot moves past it.
+        client.batch_execute(DURABLE).await?;
         let pid = client.query_typed_one(BACKEND_PID, &[]).await?.try_get(0)?;
         Ok(Control { client, pid, woken })
     }

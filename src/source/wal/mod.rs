@@ -39,6 +39,10 @@ use crate::metrics::Metrics;
 use crate::publisher::Publisher;
 use store::WalStore;
 
+/// Appended to the claim's `BEGIN` on the worker connections: the batches' records commit
+/// durably whatever `synchronous_commit` says (`begin_durable.sql`).
+pub(crate) const BEGIN_DURABLE: &str = include_str!("../../../sql/queries/wal/begin_durable.sql");
+
 /// Why leading stopped (shutdown returns `Ok`).
 enum Stop {
     /// Setup that waiting cannot heal (wal_level, the publication, the slot's plugin): exit.
