@@ -234,7 +234,8 @@ impl WalSource<'_> {
                 watched.cancel();
                 result
             },
-            control.watch(&slot, RECHECK, &watched),
+            // The slot was found caught up, or was caught up and marked so, above.
+            control.watch(&slot, RECHECK, true, &watched),
         );
         // A batch claimed but not published when the stream stopped (an error, a lost leadership)
         // must not keep its rows locked through the pause: its connection goes, the rows are
