@@ -267,6 +267,7 @@ impl Relay {
                 }),
                 slot: self.settings.slot.clone(),
                 trouble: trouble_backoff(),
+                table: Default::default(),
             };
             // Leaving ends the control connection, and with it the leadership: a relay standing
             // by takes over within a second.

@@ -200,12 +200,14 @@ impl WalSource<'_> {
             return Ok(());
         };
         let held = held?;
+        self.table
+            .now(state.published.table_oid, &state.published.schema);
         let buffer = self.batch.stream_buffer();
         let start = Stream::start(
             self.url,
             state.server,
             &self.slot,
-            (&state.publication, state.published.table_oid),
+            (&state.publication, self.table.clone()),
             buffer,
             (self.batch.max_bytes, self.stores[0].publishes_streamed()),
         );

@@ -78,6 +78,8 @@ pub(crate) struct WalSource<'a> {
     pub stores: [WalStore; 3],
     pub slot: String,
     pub trouble: ExponentialBackoff<SystemClock>,
+    /// The outbox table as the last stream knew it (see [`stream::OutboxTable`]).
+    pub table: stream::OutboxTable,
 }
 
 /// After shutdown, how long the work in hand (a step of the batches, a sweep, a catch-up claim)
