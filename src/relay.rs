@@ -247,8 +247,13 @@ impl Relay {
             )));
         }
         let session = Session::new(self.settings.schema.as_ref(), postgres.prepared_statements);
-        let store = || Store::new(postgres.url.expose().to_string(), session.clone());
+        let store =
+            |session: &Session| Store::new(postgres.url.expose().to_string(), session.clone());
         let result = if wal {
+            // The slot moves past what a batch recorded: its transactions commit durably.
+            let session = session
+                .clone()
+                .begin_with(crate::source::wal::BEGIN_DURABLE);
             let mut relay = crate::source::wal::WalSource {
                 batch: &config.batch,
                 retry: &config.retry,
@@ -258,10 +263,11 @@ impl Relay {
                 metrics: &self.metrics,
                 health: &self.health,
                 stores: std::array::from_fn(|_| {
-                    crate::source::wal::store::WalStore::new(store(), config.wal.marking)
+                    crate::source::wal::store::WalStore::new(store(&session), config.wal.marking)
                 }),
                 slot: self.settings.slot.clone(),
                 trouble: trouble_backoff(),
+                table: Default::default(),
             };
             // Leaving ends the control connection, and with it the leadership: a relay standing
             // by takes over within a second.
@@ -272,7 +278,7 @@ impl Relay {
                 publisher,
                 &self.signals,
                 &self.metrics,
-                [store(), store()],
+                [store(&session), store(&session)],
             );
             let result = processor.run(shutdown).await;
             // Whatever is left is for the other relays: wake them rather than leave it to their

@@ -72,6 +72,7 @@ mod wal;
 mod wal_content;
 mod wal_memory;
 mod wal_publication;
+mod wal_questions;
 mod wal_truth;
 mod wal_visibility;
 

@@ -14,7 +14,7 @@ use super::wal::{cli_wal, streaming};
 
 /// Inserts one event of `aggregate` with headers that are not a JSON object: the relay cannot
 /// make a message of it and dead-letters it at once. Returns its id.
-async fn insert_poison(env: &Env, aggregate: &str) -> Uuid {
+pub(crate) async fn insert_poison(env: &Env, aggregate: &str) -> Uuid {
     env.client()
         .await
         .query_one(

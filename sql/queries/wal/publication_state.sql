@@ -19,6 +19,7 @@ WITH outbox AS (
 )
 SELECT target.pubname AS name,
        target.nspname || '.outbox_events' AS table_name,
+       target.nspname AS table_schema,
        (SELECT oid FROM outbox) AS table_oid,
        p.oid IS NOT NULL AS publication_exists,
        coalesce(p.pubinsert, false) AS publishes_inserts,

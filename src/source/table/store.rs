@@ -122,6 +122,13 @@ impl Session {
         }
     }
 
+    /// This session with `sql` (transaction-local settings of the caller's) also run at the
+    /// start of every transaction, after the claim's own.
+    pub fn begin_with(mut self, sql: &str) -> Session {
+        self.begin.push_str(sql);
+        self
+    }
+
     /// `sql` (a statement that needs the outbox's schema) as a batch of its own.
     fn batch(&self, sql: &str) -> String {
         match &self.wrap {

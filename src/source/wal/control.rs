@@ -19,6 +19,7 @@ const CREATE_SLOT: &str = include_str!("../../../sql/queries/wal/create_slot.sql
 const DROP_SLOT: &str = include_str!("../../../sql/queries/wal/drop_slot.sql");
 const CATCH_UP_AGAIN: &str = include_str!("../../../sql/queries/wal/wal_catch_up_again.sql");
 const LISTEN: &str = include_str!("../../../sql/queries/wal/wal_listen.sql");
+const DURABLE: &str = include_str!("../../../sql/queries/wal/control_durable.sql");
 const SLOT_CREATED: &str = include_str!("../../../sql/queries/wal/slot_created.sql");
 const SLOT_CAUGHT_UP: &str = include_str!("../../../sql/queries/wal/slot_caught_up.sql");
 const SLOT_LAG: &str = include_str!("../../../sql/queries/wal/slot_lag.sql");
@@ -95,12 +96,12 @@ pub(crate) enum Recheck {
 }
 
 /// What `state`, read while streaming, calls for; `was_caught_up`: the slot's catch-up mark at the
-/// check before (`None`: no check before).
-pub(crate) fn recheck(state: &WalState, was_caught_up: Option<bool>) -> Option<Recheck> {
+/// check before (before the first: as the leader knew it when the stream started).
+pub(crate) fn recheck(state: &WalState, was_caught_up: bool) -> Option<Recheck> {
     if let Some(refusal) = state.published.refusal() {
         return Some(Recheck::Refuse(refusal));
     }
-    (was_caught_up == Some(true) && !state.caught_up()).then_some(Recheck::CatchUp)
+    (was_caught_up && !state.caught_up()).then_some(Recheck::CatchUp)
 }
 
 #[derive(Debug, Clone)]
@@ -136,6 +137,9 @@ impl Control {
             }
         });
         client.batch_execute(LISTEN).await?;
+        // What it records (the aggregates handed to the table at start, the slot's catch-up)
+        // commits durably: the slot moves past it.
+        client.batch_execute(DURABLE).await?;
         let pid = client.query_typed_one(BACKEND_PID, &[]).await?.try_get(0)?;
         Ok(Control { client, pid, woken })
     }
@@ -242,14 +246,18 @@ impl Control {
 
     /// While `slot` streams: checks the setup now and every `every` until `stop`, and cancels
     /// `stop` when a check calls for it (see [`recheck`]). A failed check is left to the stream's
-    /// own handling of a lost connection.
+    /// own handling of a lost connection. `caught_up`: the slot's catch-up mark as the leader
+    /// knew it before the stream started (it found the mark set, or set it after catching up):
+    /// a mark taken away since (`migrate --wal` repaired the publication while the stream
+    /// started) calls for a catch-up at the first check, as at any later one.
     pub async fn watch(
         &self,
         slot: &str,
         every: Duration,
+        caught_up: bool,
         stop: &tokio_util::sync::CancellationToken,
     ) -> Option<Recheck> {
-        let mut caught_up = None;
+        let mut caught_up = caught_up;
         loop {
             match self.state(slot).await {
                 Ok(state) => {
@@ -257,7 +265,7 @@ impl Control {
                         stop.cancel();
                         return Some(verdict);
                     }
-                    caught_up = Some(state.caught_up());
+                    caught_up = state.caught_up();
                 }
                 Err(e) => tracing::debug!(error = %e, "checking the publication failed"),
             }
@@ -457,24 +465,22 @@ mod tests {
 
     #[test]
     fn a_check_while_streaming_refuses_a_broken_publication_and_catches_up_when_told_to() {
-        assert!(recheck(&state(true, Some(true)), None).is_none());
-        assert!(recheck(&state(true, Some(true)), Some(true)).is_none());
+        assert!(recheck(&state(true, Some(true)), true).is_none());
         assert!(matches!(
-            recheck(&state(false, Some(true)), Some(true)),
+            recheck(&state(false, Some(true)), true),
             Some(Recheck::Refuse(_))
         ));
-        // The mark taken away since the check before (`migrate --wal` repaired the publication),
-        // or the slot gone.
+        // The mark taken away since the check before, or since the leader found it set before
+        // the first (`migrate --wal` repaired the publication), or the slot gone.
         assert!(matches!(
-            recheck(&state(true, Some(false)), Some(true)),
+            recheck(&state(true, Some(false)), true),
             Some(Recheck::CatchUp)
         ));
         assert!(matches!(
-            recheck(&state(true, None), Some(true)),
+            recheck(&state(true, None), true),
             Some(Recheck::CatchUp)
         ));
-        // A slot never marked (created by hand: no row) does not start over at every check.
-        assert!(recheck(&state(true, Some(false)), None).is_none());
-        assert!(recheck(&state(true, Some(false)), Some(false)).is_none());
+        // Once told, a check does not start over again while the mark stays away.
+        assert!(recheck(&state(true, Some(false)), false).is_none());
     }
 }

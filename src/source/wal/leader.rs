@@ -200,12 +200,14 @@ impl WalSource<'_> {
             return Ok(());
         };
         let held = held?;
+        self.table
+            .now(state.published.table_oid, &state.published.schema);
         let buffer = self.batch.stream_buffer();
         let start = Stream::start(
             self.url,
             state.server,
             &self.slot,
-            (&state.publication, state.published.table_oid),
+            (&state.publication, self.table.clone()),
             buffer,
             (self.batch.max_bytes, self.stores[0].publishes_streamed()),
         );
@@ -234,7 +236,8 @@ impl WalSource<'_> {
                 watched.cancel();
                 result
             },
-            control.watch(&slot, RECHECK, &watched),
+            // The slot was found caught up, or was caught up and marked so, above.
+            control.watch(&slot, RECHECK, true, &watched),
         );
         // A batch claimed but not published when the stream stopped (an error, a lost leadership)
         // must not keep its rows locked through the pause: its connection goes, the rows are

@@ -42,6 +42,10 @@ use crate::metrics::Metrics;
 use crate::publisher::Publisher;
 use store::WalStore;
 
+/// Appended to the claim's `BEGIN` on the worker connections: the batches' records commit
+/// durably whatever `synchronous_commit` says (`begin_durable.sql`).
+pub(crate) const BEGIN_DURABLE: &str = include_str!("../../../sql/queries/wal/begin_durable.sql");
+
 /// Why leading stopped (shutdown returns `Ok`).
 enum Stop {
     /// Setup that waiting cannot heal (wal_level, the publication, the slot's plugin): exit.
@@ -77,6 +81,8 @@ pub(crate) struct WalSource<'a> {
     pub stores: [WalStore; 3],
     pub slot: String,
     pub trouble: ExponentialBackoff<SystemClock>,
+    /// The outbox table as the last stream knew it (see [`stream::OutboxTable`]).
+    pub table: stream::OutboxTable,
 }
 
 /// After shutdown, how long the work in hand (a step of the batches, a sweep, a catch-up claim)

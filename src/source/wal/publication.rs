@@ -15,6 +15,8 @@ pub(crate) struct Publication {
     pub name: String,
     /// `schema.outbox_events`, for messages.
     pub table: String,
+    /// The outbox table's schema (as the replication stream names it).
+    pub schema: String,
     /// The outbox table: a publication for all tables streams others too, which are not events.
     pub table_oid: Option<u32>,
     pub exists: bool,
@@ -63,6 +65,7 @@ impl Publication {
         Ok(Publication {
             name: row.try_get("name")?,
             table: row.try_get("table_name")?,
+            schema: row.try_get("table_schema")?,
             table_oid: row.try_get("table_oid")?,
             exists: row.try_get("publication_exists")?,
             inserts: row.try_get("publishes_inserts")?,
@@ -167,6 +170,7 @@ mod tests {
         Publication {
             name: "outbox_relay".into(),
             table: "public.outbox_events".into(),
+            schema: "public".into(),
             table_oid: Some(16384),
             exists: true,
             inserts: true,

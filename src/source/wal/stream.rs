@@ -3,7 +3,8 @@
 //! row was inserted (its id and aggregate), a transaction committed, the server is idle at a
 //! position. The pipeline (`source::wal::pipeline`) sees these, never the protocol.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +36,58 @@ struct Columns {
     event: Option<EventColumns>,
 }
 
+/// The outbox table's name (in its schema).
+const TABLE_NAME: &str = "outbox_events";
+
+/// The outbox table as the stream tells its inserts from other tables' (a publication for all
+/// tables streams every table): by the relation id the leader read before the stream started. A
+/// relation of the outbox table's schema and name with another id is a table of that name that
+/// replaced it since (dropped and created again: the stream ends, and starts again with the id
+/// read anew), or one it replaced (its changes come from before the slot's position moved past
+/// them, and its rows went with it): those are `retired` and skipped.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct OutboxTable {
+    /// `None`: every table streamed is taken for it.
+    pub oid: Option<u32>,
+    pub schema: String,
+    /// Relation ids of tables that had the outbox table's name and are not it now.
+    retired: HashSet<u32>,
+    /// The relation id a stream ended on (0: none), for the leader to look at ([`Self::now`]).
+    met: Arc<AtomicU32>,
+}
+
+impl OutboxTable {
+    /// The table as the leader reads it before a stream starts. The relation a stream ended on,
+    /// when it is not this table, and the table streamed before, when it is not this one, are
+    /// retired: tables of the outbox's name dropped (or renamed away) since their changes.
+    pub fn now(&mut self, oid: Option<u32>, schema: &str) {
+        let met = self.met.swap(0, Ordering::Relaxed);
+        for old in [self.oid, (met != 0).then_some(met)].into_iter().flatten() {
+            if Some(old) != oid && self.retired.insert(old) {
+                tracing::info!(
+                    relation = old,
+                    table = %format!("{schema}.{TABLE_NAME}"),
+                    "a table of the outbox table's name that is gone: the stream skips its changes"
+                );
+            }
+        }
+        if let Some(oid) = oid {
+            self.retired.remove(&oid);
+        }
+        self.oid = oid;
+        self.schema = schema.to_string();
+    }
+
+    /// `relation` is a table of the outbox table's schema and name, with another id than the one
+    /// streamed and not retired.
+    fn replaced_by(&self, relation: &Relation) -> bool {
+        self.oid.is_some_and(|oid| oid != relation.id)
+            && relation.name == TABLE_NAME
+            && relation.namespace == self.schema
+            && !self.retired.contains(&relation.id)
+    }
+}
+
 /// A running replication stream from one slot.
 ///
 /// A task of its own (the pump) takes each message from the replication client as it arrives and
@@ -58,7 +111,7 @@ impl Stream {
     /// Starts streaming `slot` (from its confirmed position) with `publication`. `url` is a
     /// libpq connection string (the same forms and TLS settings as every connection of the relay).
     /// `server`: where the relay's control connection is (the stream must reach the same server).
-    /// `table`: the outbox table's oid; a publication for all tables streams others too.
+    /// `table`: the outbox table; a publication for all tables streams others too.
     /// `buffer_events`: decoded changes held for the relay; `max_bytes`: the byte budget of a
     /// batch, which bounds the rows held undecoded ([`raw_events`]) and the content kept
     /// ([`content_limit`]). `content`: keep the content of small rows (rows changed after their
@@ -67,7 +120,7 @@ impl Stream {
         url: &str,
         server: ServerAddr,
         slot: &str,
-        (publication, table): (&str, Option<u32>),
+        (publication, table): (&str, OutboxTable),
         buffer_events: usize,
         (max_bytes, content): (usize, bool),
     ) -> Result<Stream> {
@@ -248,8 +301,7 @@ async fn shut_down(mut client: ReplicationClient, confirmed: &watch::Receiver<u6
 struct Decoder {
     /// `None`: a table that is not the outbox's (its rows are not events).
     relations: HashMap<u32, Option<Columns>>,
-    /// The outbox table's oid (`None`: every table streamed is taken for it).
-    table: Option<u32>,
+    table: OutboxTable,
     /// The transaction whose changes come now (from its Begin).
     xid: u32,
     /// The largest row whose content is kept (`None`: none is).
@@ -275,7 +327,23 @@ impl Decoder {
                     .map_err(|e| Error::replication(e.to_string(), false))?
                 {
                     Message::Relation(relation) => {
-                        let columns = match self.table {
+                        if self.table.replaced_by(&relation) {
+                            // Its inserts are events the relay would otherwise skip while the
+                            // slot moves past them. Nothing of this transaction was confirmed
+                            // (its Begin came first): a new stream carries it again.
+                            self.table.met.store(relation.id, Ordering::Relaxed);
+                            return Err(Error::replication(
+                                format!(
+                                    "the stream carries a table named {}.{} as relation {}, the relay streamed relation {}: the outbox table was dropped and created again; streaming again with the table as it is now",
+                                    relation.namespace,
+                                    relation.name,
+                                    relation.id,
+                                    self.table.oid.unwrap_or_default()
+                                ),
+                                true,
+                            ));
+                        }
+                        let columns = match self.table.oid {
                             Some(table) if table != relation.id => None,
                             _ => Some(columns(&relation)?),
                         };
@@ -612,7 +680,11 @@ mod tests {
         ] {
             let mut d = Decoder {
                 relations: HashMap::new(),
-                table: Some(7),
+                table: OutboxTable {
+                    oid: Some(7),
+                    schema: "public".into(),
+                    ..OutboxTable::default()
+                },
                 xid: 0,
                 content_limit: limit,
             };
@@ -632,6 +704,87 @@ mod tests {
                 assert_eq!(content.0.payload.len(), payload + 2);
             }
         }
+    }
+
+    /// A pgoutput Relation message: `id`, `schema`.`name`, the columns the relay reads.
+    fn relation_message(id: u32, schema: &str, name: &str) -> ReplicationEvent {
+        let mut b = vec![b'R'];
+        b.extend(id.to_be_bytes());
+        for s in [schema, name] {
+            b.extend(s.as_bytes());
+            b.push(0);
+        }
+        b.push(b'd');
+        let columns = ["id", "aggregate_type", "aggregate_id"];
+        b.extend(u16::try_from(columns.len()).expect("few").to_be_bytes());
+        for column in columns {
+            b.push(0);
+            b.extend(column.as_bytes());
+            b.push(0);
+            b.extend(25u32.to_be_bytes());
+            b.extend(u32::MAX.to_be_bytes());
+        }
+        ReplicationEvent::XLogData {
+            wal_start: Lsn::from_u64(0),
+            wal_end: Lsn::from_u64(0),
+            server_time_micros: 0,
+            data: bytes::Bytes::from(b),
+        }
+    }
+
+    #[test]
+    fn a_table_of_the_outbox_tables_name_with_another_id_ends_the_stream_or_is_skipped() {
+        let mut table = OutboxTable::default();
+        table.now(Some(7), "public");
+        let decoder = |table: &OutboxTable| Decoder {
+            relations: HashMap::new(),
+            table: table.clone(),
+            xid: 0,
+            content_limit: None,
+        };
+        let mut d = decoder(&table);
+        // Other tables, and the outbox table of another schema, are skipped; the table is read.
+        for (id, schema, name) in [(8, "public", "orders"), (9, "app", "outbox_events")] {
+            assert!(d
+                .change(relation_message(id, schema, name))
+                .expect("skipped")
+                .is_none());
+            assert_eq!(d.relations.get(&id).map(Option::is_some), Some(false));
+        }
+        assert!(d
+            .change(relation_message(7, "public", "outbox_events"))
+            .expect("the table")
+            .is_none());
+        assert_eq!(d.relations.get(&7).map(Option::is_some), Some(true));
+        // Created again: the stream ends, retryable, and the leader learns the id.
+        let e = d
+            .change(relation_message(12, "public", "outbox_events"))
+            .expect_err("the table was created again");
+        assert!(e.is_retryable(), "{e}");
+        assert!(e.to_string().contains("dropped and created again"), "{e}");
+        // The leader reads the new table: the stream takes it, and skips the old one (its
+        // changes from before the drop, when the stream starts from before it).
+        table.now(Some(12), "public");
+        let mut d = decoder(&table);
+        assert!(d
+            .change(relation_message(7, "public", "outbox_events"))
+            .expect("retired")
+            .is_none());
+        assert_eq!(d.relations.get(&7).map(Option::is_some), Some(false));
+        assert!(d
+            .change(relation_message(12, "public", "outbox_events"))
+            .expect("the table")
+            .is_none());
+        assert_eq!(d.relations.get(&12).map(Option::is_some), Some(true));
+        // A stream that ended on a table gone again by the time the leader looks (13): retired.
+        let e = d.change(relation_message(13, "public", "outbox_events"));
+        assert!(e.is_err());
+        table.now(Some(12), "public");
+        let mut d = decoder(&table);
+        assert!(d
+            .change(relation_message(13, "public", "outbox_events"))
+            .expect("retired")
+            .is_none());
     }
 
     #[test]
