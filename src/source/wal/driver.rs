@@ -444,7 +444,7 @@ impl WalSource<'_> {
         if let Some((batch, result)) = claimed {
             match result {
                 Ok(ids) if !failed => {
-                    pipeline.claimed(batch, &ids.found, &ids.moved, &ids.prev);
+                    pipeline.claimed(batch, &ids.found, &ids.moved, &ids.prev, ids.seen_at);
                     step.claimed = Some(Claimed {
                         batch,
                         store: claim_store,

@@ -149,6 +149,9 @@ struct Tracked {
     batch: Option<BatchId>,
     /// Came back from a batch not visible yet (claimed again after a short pause).
     carried: bool,
+    /// Claimed behind an older row of its aggregate the stream had not brought: the WAL position
+    /// the stream must pass before that row counts as in no stream.
+    behind_since: Option<u64>,
 }
 
 /// The pipeline's state (see the module doc).
@@ -162,6 +165,9 @@ pub(crate) struct Pipeline {
     in_tx: bool,
     /// A keepalive's position, confirmed once nothing is held.
     idle: Option<u64>,
+    /// How far the stream has brought every commit: the last commit's end, or a keepalive's
+    /// position outside a transaction.
+    streamed_to: u64,
     confirmed: u64,
     /// Aggregates the table holds (recorded in `outbox_wal_deferred`).
     held: BTreeSet<AggregateKey>,
@@ -207,6 +213,7 @@ impl Pipeline {
                         row,
                         batch: None,
                         carried: false,
+                        behind_since: None,
                     },
                 );
                 self.next_index += 1;
@@ -214,10 +221,12 @@ impl Pipeline {
             Change::Commit { end } => {
                 self.in_tx = false;
                 self.commits.push_back((self.next_index, end));
+                self.streamed_to = self.streamed_to.max(end);
             }
             Change::Idle { wal_end } => {
                 if !self.in_tx {
                     self.idle = Some(self.idle.map_or(wal_end, |i| i.max(wal_end)));
+                    self.streamed_to = self.streamed_to.max(wal_end);
                 }
             }
         }
@@ -330,14 +339,20 @@ impl Pipeline {
     /// `moved`: rows found pending in another aggregate than the stream carried (changed after
     /// their insert): that aggregate goes to the table too. `prev`: of the rows claimed, those
     /// with an older pending row of their aggregate, and its id: a row behind one this pipeline
-    /// does not know (no stream carried it, or an earlier relay left it) is not published; its
-    /// aggregate goes to the table, which publishes both in seq order.
+    /// does not know is not published. `seen_at`: a WAL position past the commit of every row
+    /// the claim saw. While the stream has not reached it, that older row may be one committed
+    /// after this one and not streamed yet (two writers of one aggregate, the one with the lower
+    /// seq committing last): the row is carried and claimed again shortly, and goes out in commit
+    /// order once the stream brings the other. Once the stream has passed it, the older row is
+    /// in no stream (skipped, or left by an earlier relay): the aggregate goes to the table,
+    /// which publishes both in seq order.
     pub fn claimed<S: BuildHasher>(
         &mut self,
         batch: BatchId,
         found: &std::collections::HashMap<Uuid, Found, S>,
         moved: &std::collections::HashMap<Uuid, AggregateKey, S>,
         prev: &std::collections::HashMap<Uuid, Uuid, S>,
+        seen_at: u64,
     ) {
         let Some(at) = self.flight_index(batch) else {
             return;
@@ -359,14 +374,17 @@ impl Pipeline {
         let behind_unknown = |id: &Uuid, key: &AggregateKey| {
             !prev.is_empty() && prev.get(id).is_some_and(|p| known.get(p) != Some(&key))
         };
+        let streamed_to = self.streamed_to;
         let flight = &mut self.flights[at];
         // Per aggregate: after a row not visible, the rest is carried; after one pending, or when
         // the table holds the aggregate, the rest goes to the table (if visible).
         let mut carrying: HashSet<&AggregateKey> = HashSet::new();
         let mut to_table: HashSet<&AggregateKey> = HashSet::new();
+        let mut waiting: Vec<(u64, u64)> = Vec::new();
         flight.fate.clear();
         for index in &flight.rows {
-            let row = &rows[index].row;
+            let tracked = &rows[index];
+            let row = &tracked.row;
             let key = &row.aggregate;
             let state = found.get(&row.id).copied().unwrap_or(Found::NotVisible);
             // The sets are looked at only when not empty: hashing every row's aggregate is most of
@@ -375,6 +393,16 @@ impl Pipeline {
             let fate = if state == Found::Done {
                 Fate::Done
             } else if state == Found::NotVisible || in_set(&carrying) {
+                carrying.insert(key);
+                Fate::Carry
+            } else if state == Found::Claimed
+                && behind_unknown(&row.id, key)
+                && !in_set(&to_table)
+                && (held.is_empty() || !held.contains(key))
+                && streamed_to < tracked.behind_since.unwrap_or(seen_at)
+            {
+                // Behind a row not streamed yet, perhaps one committed after it: once more.
+                waiting.push((*index, tracked.behind_since.unwrap_or(seen_at)));
                 carrying.insert(key);
                 Fate::Carry
             } else if state == Found::Pending
@@ -394,6 +422,11 @@ impl Pipeline {
             flight.fate.push(fate);
         }
         flight.stage = Stage::Claimed;
+        for (index, since) in waiting {
+            if let Some(t) = self.rows.get_mut(&index) {
+                t.behind_since = Some(since);
+            }
+        }
     }
 
     /// `batch` publishes now (every batch before it is settled): the rows to publish, grouped by

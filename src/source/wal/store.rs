@@ -29,6 +29,7 @@ const ROW_STATES: &str = include_str!("../../../sql/queries/wal/row_states.sql")
 const PENDING_OF: &str = include_str!("../../../sql/queries/wal/pending_of.sql");
 const DEFER: &str = include_str!("../../../sql/queries/wal/defer.sql");
 const UNDEFER: &str = include_str!("../../../sql/queries/wal/undefer.sql");
+const INSERT_POSITION: &str = include_str!("../../../sql/queries/wal/insert_position.sql");
 
 const UUIDS: &[Type] = &[Type::UUID_ARRAY];
 const SEQS_UUIDS: &[Type] = &[Type::INT8_ARRAY, Type::UUID_ARRAY];
@@ -149,6 +150,8 @@ pub(crate) struct ClaimedIds {
     pub moved: HashMap<Uuid, AggregateKey>,
     /// Of the rows claimed, those with an older pending row of their aggregate: that row's id.
     pub prev: HashMap<Uuid, Uuid>,
+    /// With `prev`: a WAL position past the commit of every row the claim saw (0 without).
+    pub seen_at: u64,
 }
 
 /// A claim of the wal source left open while its connection serves other work (see
@@ -337,6 +340,16 @@ impl WalStore {
             })
             .collect();
         found.extend(taken.claimed.keys().map(|id| (*id, Found::Claimed)));
+        let seen_at = match taken.prev.is_empty() {
+            true => 0,
+            false => {
+                let row = claim.client().query_typed(INSERT_POSITION, &[]).await?;
+                let row = row.first().ok_or_else(|| {
+                    crate::error::Error::replication("no WAL insert position", true)
+                })?;
+                u64::from(row.try_get::<_, tokio_postgres::types::PgLsn>("lsn")?)
+            }
+        };
         claim.fill(Vec::new(), marked.len(), marked);
         Ok(ClaimedIds {
             open: WalOpen {
@@ -347,6 +360,7 @@ impl WalStore {
             found,
             moved,
             prev: taken.prev,
+            seen_at,
         })
     }
 

@@ -409,7 +409,7 @@ impl World {
                         }
                     }
                     self.batches[at].claimed = true;
-                    p.claimed(id, &found, &moved, &prev);
+                    p.claimed(id, &found, &moved, &prev, self.wal);
                 }
             }
             Op::Publish(outage) => {
@@ -772,6 +772,7 @@ fn a_row_not_visible_is_carried_while_its_aggregate_goes_to_the_table_and_back()
         &HashMap::from([(row.id, Found::NotVisible)]),
         &HashMap::new(),
         &HashMap::new(),
+        0,
     );
     assert!(p.publish(cut.batch).is_empty());
     assert!(p.settled(cut.batch, &HashSet::new()).is_empty());
@@ -789,6 +790,7 @@ fn a_row_not_visible_is_carried_while_its_aggregate_goes_to_the_table_and_back()
         &HashMap::from([(row.id, Found::Claimed)]),
         &HashMap::new(),
         &HashMap::new(),
+        0,
     );
     assert_eq!(p.publish(cut.batch), [vec![row.id]]);
     p.settled(cut.batch, &HashSet::from([row.id]));
@@ -825,6 +827,7 @@ fn a_carried_row_keeps_the_slot_waiting_only_until_it_is_resolved() {
         ]),
         &HashMap::new(),
         &HashMap::new(),
+        0,
     );
     assert_eq!(p.publish(cut.batch), [vec![rows[0].id]]);
     assert_eq!(p.settled(cut.batch, &HashSet::new()), [key(0)]);
@@ -837,6 +840,7 @@ fn a_carried_row_keeps_the_slot_waiting_only_until_it_is_resolved() {
         &HashMap::from([(rows[1].id, Found::Claimed)]),
         &HashMap::new(),
         &HashMap::new(),
+        0,
     );
     assert!(p.publish(cut.batch).is_empty());
     p.settled(cut.batch, &HashSet::new());
