@@ -38,6 +38,7 @@ for_each_source!(
     postgres_restarted_during_a_drain,
     three_relays_keep_per_aggregate_order,
     few_deep_aggregates_drain_in_order_with_two_relays,
+    a_relay_killed_while_aggregates_wait_behind_retries,
 );
 
 async fn relay_sigkilled_at_random_points_ten_times(source: Source) {
@@ -218,4 +219,75 @@ async fn few_deep_aggregates_drain_in_order_with_two_relays(source: Source) {
     config.batch.size = 500;
     let relays = vec![env.spawn(config.clone()).await, env.spawn(config).await];
     all_delivered_in_order(&env, 6_000, relays, Duration::from_secs(90)).await;
+}
+
+/// Inserts `n` events of each of the aggregates `r0`..`r19` in one transaction.
+async fn insert_behind_retries(env: &Env, n: i32) {
+    env.client()
+        .await
+        .execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+             SELECT 'order', 'r' || a, 'order.next', jsonb_build_object('n', n)
+             FROM generate_series(0, 19) a, generate_series(1, $1::int) n",
+            &[&n],
+        )
+        .await
+        .expect("events behind the retries");
+}
+
+/// `run` with a fallback interval of one second: the table source finds a retry that fell due while
+/// no relay ran (or one left by another relay) at its next fallback claim.
+fn relay_polling_every_second(env: &Env, args: &[&str]) -> CliRelay {
+    let mut cmd = testkit::relay_command();
+    cmd.args(["run", "--metrics-addr", "off", "--fallback-interval", "1s"])
+        .args(args)
+        .env("DATABASE_URL", &env.db)
+        .env("NATS_URL", env.nats.url())
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit());
+    CliRelay::from_command(cmd)
+}
+
+/// Twenty aggregates wait behind a head whose retry falls due a few seconds in (the wal source
+/// hands them to the table), their events written before and while the relay runs; the relay is
+/// killed (SIGKILL) while they wait, and the next one must remember them: every event once, in
+/// order, none stranded.
+async fn a_relay_killed_while_aggregates_wait_behind_retries(source: Source) {
+    let env = Env::new().await;
+    env.source_config(source).await;
+    let args = env.source_args(source);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // Heads left waiting for a retry (as by an earlier relay), due in 4 s.
+    env.client()
+        .await
+        .execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload,
+                                        attempts, retry_after, last_error)
+             SELECT 'order', 'r' || a, 'order.created', '{}', 1, now() + interval '4 s', 'broker'
+             FROM generate_series(0, 19) a",
+            &[],
+        )
+        .await
+        .expect("heads waiting for a retry");
+    insert_behind_retries(&env, 5).await;
+    env.insert_interleaved(100, 10).await;
+    let relay = relay_polling_every_second(&env, &args);
+    env.wait_stream_len(500, Duration::from_secs(30)).await;
+    insert_behind_retries(&env, 5).await;
+    env.insert_interleaved(100, 5).await;
+    env.wait_stream_len(1_200, Duration::from_secs(30)).await;
+    assert!(
+        env.count("aggregate_id LIKE 'r%' AND processed_at IS NULL")
+            .await
+            > 0,
+        "the retries fell due before the kill: nothing was tested"
+    );
+    relay.kill();
+    let relay = relay_polling_every_second(&env, &args);
+    env.wait_stream_len(1_720, Duration::from_secs(60)).await;
+    drained(&env, Duration::from_secs(30)).await;
+    assert_ledger(&env.written().await, &env.stored().await);
+    assert_eq!(relay.terminate(), Some(0));
 }
