@@ -1,4 +1,4 @@
-//! PostgreSQL connections: URL parsing, keepalives, TLS, connection strings as logs show them. Queries live in [`crate::source::table::store`],
+//! PostgreSQL connections: URL parsing, keepalives, TLS, connection strings as logs show them. Queries live in [`crate::source::store`],
 //! [`crate::migrate`] and [`crate::ops`]; their SQL in `sql/`.
 
 pub(crate) mod conninfo;

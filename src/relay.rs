@@ -18,9 +18,9 @@ use crate::health::{Health, HealthReport};
 use crate::metrics::Metrics;
 use crate::policy::{start_backoff, trouble_backoff};
 use crate::publisher::Publisher;
+use crate::source::store::{Session, Store};
 use crate::source::table::listener::Listener;
 use crate::source::table::signals::Signals;
-use crate::source::table::store::{Session, Store};
 
 use crate::source::table::processor::Processor;
 

@@ -12,7 +12,7 @@ use crate::metrics::Metrics;
 use crate::policy::Outcome;
 use crate::policy::{is_broker_outage, FailureKind, RetryPolicy, Verdict};
 use crate::publisher::Publisher;
-use crate::source::table::store::{BeforeCommit, Claim, Failure, Store};
+use crate::source::store::{BeforeCommit, Claim, Failure, Store};
 
 /// What one batch (or two in flight together) did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

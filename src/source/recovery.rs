@@ -7,7 +7,7 @@ use std::time::Duration;
 use backoff::backoff::Backoff;
 use tokio_util::sync::CancellationToken;
 
-use crate::source::table::store::Store;
+use crate::source::store::Store;
 
 /// After a failed batch (either source): connections that may be broken are dropped (the next
 /// claim reconnects); the broker's outage needs nothing but the pause.

@@ -26,6 +26,7 @@ const METRICS: &[(&str, &str)] = &[
     ("outbox_retention_deleted_rows", "counter"),
     ("outbox_replication_lag_bytes", "gauge"),
     ("outbox_wal_streaming", "gauge"),
+    ("outbox_wal_stranded_events", "counter"),
     ("outbox_relay_build", "info"),
 ];
 
@@ -58,6 +59,11 @@ const ALERTS: &[(&str, &str, &str)] = &[
         "OutboxReplicationSlotNearLimit",
         "critical",
         "outbox_replication_lag_bytes",
+    ),
+    (
+        "OutboxWalStrandedEvents",
+        "warning",
+        "outbox_wal_stranded_events_total",
     ),
 ];
 

@@ -4,10 +4,10 @@
 //! - `processor`: the loop (drain, arm, wait, drain), two batches in flight.
 //! - `listener`: LISTEN/NOTIFY, reconnects, arming of the notify trigger; `signals`: wake reasons
 //!   and the arming state machine between processor and listener.
-//! - `store`: the worker connection and every query of a claim from the table (`sql/queries`);
-//!   the wal source builds its own claims on the same connection type.
+//! - The worker connection and its claims from the table are shared with the wal source (whose
+//!   catch-up claims the same way and whose claims by id run on the same connection type): they
+//!   live in [`crate::source::store`].
 
 pub(crate) mod listener;
 pub(crate) mod processor;
 pub(crate) mod signals;
-pub(crate) mod store;

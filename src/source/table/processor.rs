@@ -15,8 +15,8 @@ use crate::policy::{trouble_backoff, LINGER};
 use crate::publisher::Publisher;
 use crate::source::batch::{process_batch, BatchReport};
 use crate::source::recovery::pause;
+use crate::source::store::Store;
 use crate::source::table::signals::{Arming, Signals, Wake};
-use crate::source::table::store::Store;
 
 pub(crate) struct Processor<'a> {
     pub batch: &'a BatchConfig,

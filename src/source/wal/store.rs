@@ -15,9 +15,7 @@ use super::pipeline::{Candidate, Found, Streamed};
 use crate::config::WalMarking;
 use crate::error::Result;
 use crate::event::{AggregateKey, OutboxEvent};
-use crate::source::table::store::{
-    read_claim, BeforeCommit, Claim, ClaimedRow, OpenClaim, Stmt, Store,
-};
+use crate::source::store::{read_claim, BeforeCommit, Claim, ClaimedRow, OpenClaim, Stmt, Store};
 
 const CLAIM_IDS: &str = include_str!("../../../sql/queries/wal/claim_ids.sql");
 const LOCK_IDS: &str = include_str!("../../../sql/queries/wal/lock_ids.sql");

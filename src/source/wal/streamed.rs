@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use super::pgoutput::{Relation, Value};
 use crate::event::OutboxEvent;
-use crate::source::table::store::headers_from_json;
+use crate::source::store::headers_from_json;
 use crate::timestamp::Timestamp;
 
 /// Where the columns an event is built from are in a relation's tuples.

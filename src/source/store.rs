@@ -17,12 +17,12 @@ use crate::event::OutboxEvent;
 use crate::schema::Schema;
 use crate::timestamp::Timestamp;
 
-const CLAIM_ORDERED: &str = include_str!("../../../sql/queries/table/claim_ordered.sql");
-const CLAIM_UNORDERED: &str = include_str!("../../../sql/queries/table/claim_unordered.sql");
-const RELEASE: &str = include_str!("../../../sql/queries/table/release.sql");
-const RECORD_FAILURES: &str = include_str!("../../../sql/queries/table/record_failures.sql");
-const WAKE: &str = include_str!("../../../sql/queries/table/wake.sql");
-const BEGIN_CLAIM: &str = include_str!("../../../sql/queries/table/begin_claim.sql");
+const CLAIM_ORDERED: &str = include_str!("../../sql/queries/table/claim_ordered.sql");
+const CLAIM_UNORDERED: &str = include_str!("../../sql/queries/table/claim_unordered.sql");
+const RELEASE: &str = include_str!("../../sql/queries/table/release.sql");
+const RECORD_FAILURES: &str = include_str!("../../sql/queries/table/record_failures.sql");
+const WAKE: &str = include_str!("../../sql/queries/table/wake.sql");
+const BEGIN_CLAIM: &str = include_str!("../../sql/queries/table/begin_claim.sql");
 
 /// A statement of the relay: prepared once per connection, or sent unnamed (parsed and planned
 /// each time) where a transaction pooler does not keep prepared statements between transactions.
