@@ -643,7 +643,7 @@ async fn aggregates_handed_to_the_table_do_not_starve_the_stream() {
          100 aggregates handed to the table, the hot one among them p50 {p50:?} max {max:?}"
     );
     assert!(
-        p50 <= base_p50 * 2 + Duration::from_millis(10) && max < Duration::from_secs(1),
+        p50 <= base_p50 * 2 + Duration::from_millis(25) && max < Duration::from_secs(1),
         "an unrelated aggregate waited behind the table's work: p50 {p50:?} max {max:?} \
          (nothing handed over: p50 {base_p50:?} max {base_max:?})"
     );
