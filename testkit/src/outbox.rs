@@ -270,6 +270,26 @@ impl Env {
         .await;
     }
 
+    /// Waits until `sql` (one boolean column, one row) with `params` answers true, naming `what`
+    /// on a timeout.
+    pub async fn wait_true(
+        &self,
+        what: &str,
+        timeout: Duration,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) {
+        let client = self.client().await;
+        wait_until(what, timeout, || async {
+            client
+                .query_one(sql, params)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"))
+                .get(0)
+        })
+        .await;
+    }
+
     /// Waits until `n` rows are dead-lettered (exactly: one more fails at once).
     pub async fn wait_dead_letters(&self, n: i64, timeout: Duration) {
         wait_until(&format!("{n} rows dead-lettered"), timeout, || async {

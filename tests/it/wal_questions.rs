@@ -79,18 +79,6 @@ async fn relay_commit_settings(env: &Env) -> Vec<(String, String, String, String
         .collect()
 }
 
-async fn in_deferred(env: &Env, aggregate_id: &str) -> bool {
-    env.client()
-        .await
-        .query_one(
-            "SELECT EXISTS (SELECT FROM outbox_wal_deferred WHERE aggregate_id = $1)",
-            &[&aggregate_id],
-        )
-        .await
-        .expect("outbox_wal_deferred")
-        .get(0)
-}
-
 /// (a) The slot's position is sent once the batch's transaction committed. Committed
 /// asynchronously (`synchronous_commit = off`), that commit may still be in PostgreSQL's WAL
 /// buffers when the slot saves its position (at a checkpoint, or when its restart point moves): a
@@ -111,7 +99,10 @@ async fn the_wal_sources_records_are_durable_before_the_slot_confirms_past_them(
     insert_poison(&env, "a").await; // dead-lettered: a failure recorded
     env.wait_dead_letters(1, T).await;
     env.insert_sql(1, "a", "order.next").await; // handed to the table behind its head
-    wait_until("a is handed to the table", T, || in_deferred(&env, "a")).await;
+    wait_until("a is handed to the table", T, || {
+        super::wal_visibility::deferred(&env, "a")
+    })
+    .await;
     env.insert_sql(1, "b", "order.created").await; // published, then deleted
     env.wait_stream_len(1, T).await;
     drained_of(&env, "b").await;
@@ -196,24 +187,15 @@ async fn break_the_publication(env: &Env) {
 /// Waits until the control connection of the relay (`outbox-relay-wal`) waits for a lock in a
 /// statement that names `table`.
 async fn control_waits_for_a_lock_on(env: &Env, table: &str) {
-    let client = env.client().await;
     let pattern = format!("%{table}%");
-    wait_until(
+    env.wait_true(
         &format!("the control connection waits for {table}"),
         T,
-        || async {
-            client
-                .query_one(
-                    "SELECT EXISTS (SELECT FROM pg_stat_activity
-                                    WHERE datname = current_database()
-                                      AND application_name = 'outbox-relay-wal'
-                                      AND wait_event_type = 'Lock' AND query LIKE $1)",
-                    &[&pattern],
-                )
-                .await
-                .expect("pg_stat_activity")
-                .get(0)
-        },
+        "SELECT EXISTS (SELECT FROM pg_stat_activity
+                        WHERE datname = current_database()
+                          AND application_name = 'outbox-relay-wal'
+                          AND wait_event_type = 'Lock' AND query LIKE $1)",
+        &[&pattern],
     )
     .await;
 }
@@ -284,20 +266,15 @@ async fn wait_published(env: &Env, what: &str, n: u64) {
 /// Waits until the leader of a streaming relay has checked the publication since it started
 /// streaming: its control connection's last statement is the publication's check.
 async fn first_check_done(env: &Env) {
-    let client = env.client().await;
-    wait_until("the leader's first check while streaming", T, || async {
-        client
-            .query_one(
-                "SELECT EXISTS (SELECT FROM pg_stat_activity
-                                WHERE datname = current_database()
-                                  AND application_name = 'outbox-relay-wal'
-                                  AND query LIKE '%pg_publication_tables%')",
-                &[],
-            )
-            .await
-            .expect("pg_stat_activity")
-            .get(0)
-    })
+    env.wait_true(
+        "the leader's first check while streaming",
+        T,
+        "SELECT EXISTS (SELECT FROM pg_stat_activity
+                        WHERE datname = current_database()
+                          AND application_name = 'outbox-relay-wal'
+                          AND query LIKE '%pg_publication_tables%')",
+        &[],
+    )
     .await;
 }
 

@@ -39,21 +39,12 @@ async fn wal_now(env: &Env) -> String {
 
 /// Waits until the slot has confirmed `lsn` or past it.
 async fn confirmed_past(env: &Env, lsn: &str) {
-    let client = env.client().await;
-    wait_until(
+    env.wait_true(
         "the slot confirms past the events written",
         Duration::from_secs(30),
-        || async {
-            client
-                .query_one(
-                    "SELECT coalesce(confirmed_flush_lsn >= $2::text::pg_lsn, false)
-                     FROM pg_replication_slots WHERE slot_name = $1",
-                    &[&env.slot_name(), &lsn],
-                )
-                .await
-                .expect("slot query")
-                .get(0)
-        },
+        "SELECT coalesce(confirmed_flush_lsn >= $2::text::pg_lsn, false)
+         FROM pg_replication_slots WHERE slot_name = $1",
+        &[&env.slot_name(), &lsn],
     )
     .await;
 }
@@ -292,23 +283,14 @@ async fn a_row_moved_to_a_blocked_aggregate_after_its_commit_waits_behind_its_de
 
 /// Waits until a backend of the relay waits for a lock.
 async fn relay_waits_for_a_lock(env: &Env) {
-    let client = env.client().await;
-    wait_until(
+    env.wait_true(
         "the relay waits for the table's lock",
         Duration::from_secs(30),
-        || async {
-            client
-                .query_one(
-                    "SELECT EXISTS (SELECT FROM pg_stat_activity
-                                    WHERE datname = current_database()
-                                      AND application_name LIKE 'outbox-relay%'
-                                      AND wait_event_type = 'Lock')",
-                    &[],
-                )
-                .await
-                .expect("activity query")
-                .get(0)
-        },
+        "SELECT EXISTS (SELECT FROM pg_stat_activity
+                        WHERE datname = current_database()
+                          AND application_name LIKE 'outbox-relay%'
+                          AND wait_event_type = 'Lock')",
+        &[],
     )
     .await;
 }
@@ -340,22 +322,13 @@ async fn sigterm_while_a_claim_waits_for_a_lock_stops_the_relay() {
             .expect("lock the table");
         locker
     });
-    let client = env.client().await;
-    wait_until(
+    env.wait_true(
         "the locker queues for the table",
         Duration::from_secs(10),
-        || async {
-            client
-                .query_one(
-                    "SELECT EXISTS (SELECT FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
-                                    WHERE c.relname = 'outbox_events' AND l.mode = 'AccessExclusiveLock'
-                                      AND NOT l.granted)",
-                    &[],
-                )
-                .await
-                .expect("locks query")
-                .get(0)
-        },
+        "SELECT EXISTS (SELECT FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+                        WHERE c.relname = 'outbox_events' AND l.mode = 'AccessExclusiveLock'
+                          AND NOT l.granted)",
+        &[],
     )
     .await;
     tx.commit().await.expect("commit");
@@ -572,9 +545,10 @@ async fn probe_latencies(
 /// Defect: with many aggregates handed to the table, one of them hot (about 1,000 rows/s written
 /// to it after its dead head was discarded), an unrelated aggregate's events were not published
 /// for seconds: the sweep ran back to back while it published, the stream was not read while a
-/// sweep was due, and each round took a hundredth of a batch of the hot aggregate. Now the
-/// stream keeps its usual latency (measured first under the same load with nothing handed
-/// over), and the hot aggregate catches up and returns to the stream.
+/// sweep was due, and each round took a hundredth of a batch of the hot aggregate (8.9 s at
+/// most). Now the stream keeps about its usual latency (measured first under the same load with
+/// nothing handed over; the bounds leave room for a loaded machine: on a quiet one the medians
+/// are equal and the maximum 150 ms), and the hot aggregate catches up and returns to the stream.
 #[tokio::test]
 async fn aggregates_handed_to_the_table_do_not_starve_the_stream() {
     let _turn = testkit::heavy().await;
@@ -643,7 +617,7 @@ async fn aggregates_handed_to_the_table_do_not_starve_the_stream() {
          100 aggregates handed to the table, the hot one among them p50 {p50:?} max {max:?}"
     );
     assert!(
-        p50 <= base_p50 * 2 + Duration::from_millis(25) && max < Duration::from_secs(1),
+        p50 <= base_p50 * 2 + Duration::from_millis(100) && max < Duration::from_secs(2),
         "an unrelated aggregate waited behind the table's work: p50 {p50:?} max {max:?} \
          (nothing handed over: p50 {base_p50:?} max {base_max:?})"
     );

@@ -110,7 +110,7 @@ impl Invisible {
     }
 }
 
-async fn deferred(env: &Env, aggregate_id: &str) -> bool {
+pub(crate) async fn deferred(env: &Env, aggregate_id: &str) -> bool {
     env.client()
         .await
         .query_one(
