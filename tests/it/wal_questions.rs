@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use testkit::outbox::{cli, Env};
+use testkit::outbox::{cli, CliRelay, Env};
 use testkit::wait_until;
 use uuid::Uuid;
 
@@ -200,6 +200,17 @@ async fn control_waits_for_a_lock_on(env: &Env, table: &str) {
     .await;
 }
 
+/// A relay of the wal source streaming, the slot created and caught up, and ten events of five
+/// aggregates published through it.
+async fn streaming_with_ten_out(env: &Env) -> CliRelay {
+    env.wal_config().await;
+    let relay = cli_wal(env, &[]);
+    streaming(env).await;
+    env.insert_interleaved(5, 2).await;
+    all_out_in_order(env, 10, T).await;
+    relay
+}
+
 /// (b) `migrate --wal` repairs the publication and clears the slot's catch-up mark after the
 /// leader read the mark (set) and before its first check while streaming. The rows written while
 /// the publication was broken are in no stream: the leader must notice the cleared mark and catch
@@ -208,12 +219,8 @@ async fn control_waits_for_a_lock_on(env: &Env, table: &str) {
 #[tokio::test]
 async fn a_repair_while_the_leader_starts_is_caught_up_from_the_table() {
     let env = Env::new().await;
-    env.wal_config().await;
     // The slot, created and caught up.
-    let relay = cli_wal(&env, &[]);
-    streaming(&env).await;
-    env.insert_interleaved(5, 2).await;
-    all_out_in_order(&env, 10, T).await;
+    let relay = streaming_with_ten_out(&env).await;
     assert_eq!(relay.terminate(), Some(0));
 
     let mut locker = env.client().await;
@@ -286,11 +293,7 @@ async fn first_check_done(env: &Env) {
 #[tokio::test]
 async fn events_streamed_after_a_repair_wait_for_the_ones_no_stream_holds() {
     let env = Env::new().await;
-    env.wal_config().await;
-    let relay = cli_wal(&env, &[]);
-    streaming(&env).await;
-    env.insert_interleaved(5, 2).await;
-    all_out_in_order(&env, 10, T).await;
+    let relay = streaming_with_ten_out(&env).await;
     // Right after a check: the next is 10 s away.
     first_check_done(&env).await;
     break_the_publication(&env).await;

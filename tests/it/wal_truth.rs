@@ -575,17 +575,11 @@ async fn aggregates_handed_to_the_table_do_not_starve_the_stream() {
         .await
         .expect("heads and followers");
     env.wait_dead_letters(100, Duration::from_secs(30)).await;
-    wait_until(
+    env.wait_true(
         "100 aggregates handed to the table",
         Duration::from_secs(30),
-        || async {
-            let n: i64 = client
-                .query_one("SELECT count(*) FROM outbox_wal_deferred", &[])
-                .await
-                .expect("count")
-                .get(0);
-            n == 100
-        },
+        "SELECT count(*) = 100 FROM outbox_wal_deferred",
+        &[],
     )
     .await;
     let hot_head: Uuid = client
@@ -622,22 +616,13 @@ async fn aggregates_handed_to_the_table_do_not_starve_the_stream() {
          (nothing handed over: p50 {base_p50:?} max {base_max:?})"
     );
     // The hot aggregate catches up: nothing of it left pending, back with the stream.
-    wait_until(
+    env.wait_true(
         "the hot aggregate caught up and back with the stream",
         Duration::from_secs(60),
-        || async {
-            let left: i64 = client
-                .query_one(
-                    "SELECT (SELECT count(*) FROM outbox_events
-                             WHERE aggregate_id = 'h0' AND processed_at IS NULL)
-                          + (SELECT count(*) FROM outbox_wal_deferred WHERE aggregate_id = 'h0')",
-                    &[],
-                )
-                .await
-                .expect("count")
-                .get(0);
-            left == 0
-        },
+        "SELECT (SELECT count(*) FROM outbox_events
+                 WHERE aggregate_id = 'h0' AND processed_at IS NULL)
+              + (SELECT count(*) FROM outbox_wal_deferred WHERE aggregate_id = 'h0') = 0",
+        &[],
     )
     .await;
     relay.stop().await;
