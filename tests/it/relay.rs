@@ -513,3 +513,103 @@ async fn the_claim_reaches_each_aggregate_through_its_index_on_a_new_table() {
         }
     }
 }
+
+/// The shape a drain needs, at 100,000 pending rows (ten per aggregate, interleaved, as the
+/// benches' backlog), with the plan made on an empty table (a relay started before the backlog)
+/// and on the full one: one walk of the pending `seq` index that stops at the batch, and for each
+/// head one backward probe of the pending aggregate index that starts at the nearest older entry
+/// and stops at the first one that is not the aggregate's. A forward probe started at the
+/// aggregate's first entry and walked its later rows too (with the aggregate as a range, `seq`
+/// does not end the scan), which cost the drain.
+#[tokio::test]
+async fn the_claim_at_100k_pending_rows_walks_once_and_probes_each_head_back() {
+    let env = Env::new().await;
+    let client = env.client().await;
+    let claim = include_str!("../../sql/queries/table/claim_ordered.sql");
+    let begin = include_str!("../../sql/queries/table/begin_claim.sql");
+    client
+        .batch_execute(&format!("PREPARE on_empty AS {claim}"))
+        .await
+        .expect("prepare");
+    // The generic plan is made at the first execution: here, on the empty table.
+    client.batch_execute(begin).await.expect("begin");
+    testkit::explain(&client, "EXECUTE on_empty(1000, 100000000, false)", &[]).await;
+    client.batch_execute("ROLLBACK").await.expect("rollback");
+    client
+        .execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+             SELECT 'order', 'order-' || (g % 10000), 'created', jsonb_build_object('n', g) \
+             FROM generate_series(0, 99999) g",
+            &[],
+        )
+        .await
+        .expect("backlog");
+    client
+        .batch_execute(&format!("PREPARE on_full AS {claim}"))
+        .await
+        .expect("prepare");
+    // Half the backlog published, as in the middle of a drain: each head then has older index
+    // entries of its aggregate that are no longer pending.
+    client
+        .batch_execute("UPDATE outbox_events SET processed_at = now() WHERE seq <= 50000")
+        .await
+        .expect("publish half");
+    for statement in ["on_empty", "on_full"] {
+        client.batch_execute(begin).await.expect("begin");
+        let plan = client
+            .query(
+                &format!(
+                    "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) \
+                     EXECUTE {statement}(1000, 100000000, false)"
+                ),
+                &[],
+            )
+            .await
+            .expect("explain")
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect::<Vec<_>>();
+        client.batch_execute("ROLLBACK").await.expect("rollback");
+        let text = plan.join("\n");
+        assert!(plan[0].contains("actual rows=1000 "), "{statement}: {text}");
+        // The byte budget's sort runs only over the budget (a one-time filter): never here.
+        for node in plan.iter().filter(|l| l.contains("->")) {
+            let costly = ["Seq Scan", "Sort", "Hash"]
+                .iter()
+                .any(|n| node.contains(n));
+            assert!(
+                !costly || node.contains("(never executed)"),
+                "{statement}: {node}: {text}"
+            );
+        }
+        let walk = plan
+            .iter()
+            .position(|l| l.contains("using outbox_events_pending_seq_key"))
+            .unwrap_or_else(|| panic!("{statement}: no walk: {text}"));
+        assert!(
+            plan[walk].contains("actual rows=1000 loops=1)"),
+            "{statement}: the walk stops at the batch: {text}"
+        );
+        // The older-row probe: backward, once per head, a few index pages each (its descent and
+        // the nearest entries), not a walk over the aggregate's rows.
+        let probe = plan
+            .iter()
+            .position(|l| l.contains("Backward using outbox_events_pending_aggregate_idx"))
+            .unwrap_or_else(|| panic!("{statement}: no backward probe: {text}"));
+        assert!(plan[probe].contains("loops=1000)"), "{statement}: {text}");
+        let buffers: u64 = plan[probe + 1..]
+            .iter()
+            .find_map(|l| l.trim().strip_prefix("Buffers: shared "))
+            .map(|counts| {
+                counts
+                    .split_whitespace()
+                    .filter_map(|c| c.strip_prefix("hit=").or_else(|| c.strip_prefix("read=")))
+                    .filter_map(|n| n.parse::<u64>().ok())
+                    .sum()
+            })
+            .unwrap_or_else(|| panic!("{statement}: no buffer count: {text}"));
+        // Its descent (3 pages at this size) and one heap page for each older entry of a row
+        // published since the last vacuum (5 here, the first time they are visited).
+        assert!(buffers <= 10 * 1000, "{statement}: {buffers} pages: {text}");
+    }
+}

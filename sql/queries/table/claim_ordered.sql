@@ -61,14 +61,16 @@ WITH RECURSIVE candidates AS (
       -- aggregate index gives that without a sort (this transaction's settings rule sorts out).
       -- By equality, a plan made on an empty table probed the pending seq index instead and
       -- walked every older pending row for each candidate. The same goes for every lookup of one
-      -- aggregate's rows below.
+      -- aggregate's rows below. Backward (DESC): the scan starts at the nearest older entry and
+      -- ends at the first one of another aggregate; forward, with the aggregate as a range,
+      -- `seq < e.seq` does not end the scan, which then walked the candidate's later rows too.
       AND NOT EXISTS (
             SELECT 1 FROM outbox_events o
             WHERE o.processed_at IS NULL
               AND o.aggregate_type = e.aggregate_type
               AND o.aggregate_id >= e.aggregate_id AND o.aggregate_id <= e.aggregate_id
               AND o.seq < e.seq
-            ORDER BY o.aggregate_id, o.seq
+            ORDER BY o.aggregate_id DESC, o.seq DESC
             OFFSET 0)
     ORDER BY e.seq
     LIMIT $1
@@ -132,6 +134,8 @@ WITH RECURSIVE candidates AS (
             ORDER BY o.aggregate_id, o.seq
             LIMIT 1) AS gap_seq
     FROM spans s
+    -- The count scans backward from the last follower (forward from the head it would go on
+    -- to the aggregate's last pending row: with the aggregate as a range, `seq` does not end it).
     WHERE s.locked < (SELECT count(*)
                       FROM (SELECT 1
                             FROM outbox_events o
@@ -140,7 +144,7 @@ WITH RECURSIVE candidates AS (
                               AND o.aggregate_id >= s.aggregate_id
                               AND o.aggregate_id <= s.aggregate_id
                               AND o.seq > s.head_seq AND o.seq <= s.last_seq
-                            ORDER BY o.aggregate_id, o.seq
+                            ORDER BY o.aggregate_id DESC, o.seq DESC
                             OFFSET 0) n)
 ), claimed AS (
     SELECT id, seq, aggregate_type, aggregate_id, true AS eligible, false AS gap, size FROM heads
