@@ -10,7 +10,7 @@ use crate::event::AggregateKey;
 use crate::event::OutboxEvent;
 use crate::metrics::Metrics;
 use crate::policy::Outcome;
-use crate::policy::{is_broker_outage, FailureKind, RetryPolicy, Verdict};
+use crate::policy::{is_broker_outage, FailureKind, RetryPolicy, Verdict, WAKE_HEADS};
 use crate::publisher::Publisher;
 use crate::source::store::{BeforeCommit, Claim, Failure, Store};
 
@@ -134,6 +134,16 @@ pub(crate) fn settle<'a>(
     settlement
 }
 
+/// Which claim a batch starts with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Claiming {
+    /// The claim of the configured ordering.
+    Full,
+    /// Heads only, in per-aggregate order: the first batch after a wake-up from idle (see
+    /// [`Store::claim_heads`]).
+    Heads,
+}
+
 /// One transaction on `store`: claim, publish, record, commit.
 pub(crate) async fn process_batch(
     batch: &BatchConfig,
@@ -141,11 +151,21 @@ pub(crate) async fn process_batch(
     publisher: &Publisher,
     metrics: &Metrics,
     store: &mut Store,
+    claiming: Claiming,
 ) -> Result<BatchReport> {
     let started = Instant::now();
-    let claim = store
-        .claim(batch.ordering, batch.size, batch.max_bytes)
-        .await?;
+    let claim = match claiming {
+        Claiming::Full => {
+            store
+                .claim(batch.ordering, batch.size, batch.max_bytes)
+                .await?
+        }
+        Claiming::Heads => {
+            store
+                .claim_heads(batch.size.min(WAKE_HEADS), batch.max_bytes)
+                .await?
+        }
+    };
     run_claim(retry, publisher, metrics, claim, started, ()).await
 }
 

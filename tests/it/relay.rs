@@ -514,6 +514,81 @@ async fn the_claim_reaches_each_aggregate_through_its_index_on_a_new_table() {
     }
 }
 
+/// The heads-only claim (the first after a wake-up) walks the pending `seq` index once and probes
+/// each head's older rows backward through the pending aggregate index, whatever the table held
+/// when its plan was made.
+#[tokio::test]
+async fn the_heads_claim_walks_once_and_probes_back_on_a_new_table() {
+    for rows in [5, 500, 0] {
+        let plan = crate::wal::plan_on_a_new_table(
+            rows,
+            include_str!("../../sql/queries/table/claim_heads.sql"),
+            "16, 1000000",
+        )
+        .await;
+        assert_eq!(
+            plan.matches("outbox_events_pending_seq_key").count(),
+            1,
+            "{rows} rows: only the walk uses the seq index: {plan}"
+        );
+        assert!(
+            plan.contains("Backward using outbox_events_pending_aggregate_idx"),
+            "{rows} rows: {plan}"
+        );
+        assert!(!plan.contains("Seq Scan"), "{rows} rows: {plan}");
+    }
+}
+
+/// A wake-up from idle claims heads first: a transaction's events that follow a head of their
+/// aggregate, and rows held back by the byte budget, go out at once behind them (the full claim
+/// follows), in order, each once; nothing waits for the fallback poll (60 s here).
+#[tokio::test]
+async fn after_a_wake_up_followers_and_rows_over_the_budget_follow_at_once() {
+    let env = Env::new().await;
+    let mut config = env.config();
+    config.batch.max_bytes = 2_000;
+    let relay = env.spawn(config).await;
+    // Idle and armed: one event goes out, then the transaction.
+    let client = env.client().await;
+    client
+        .batch_execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('order', 'warm', 'order.created', '{}')",
+        )
+        .await
+        .expect("insert");
+    env.wait_stream_len(1, Duration::from_secs(10)).await;
+    client
+        .batch_execute(
+            "BEGIN; \
+             INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+             SELECT 'order', 'a', 'order.line', jsonb_build_object('n', n) \
+             FROM generate_series(1, 3) n; \
+             INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+             SELECT 'order', 'big-' || n, 'order.created', \
+                    jsonb_build_object('n', n, 'pad', repeat('x', 900)) \
+             FROM generate_series(1, 4) n; \
+             COMMIT",
+        )
+        .await
+        .expect("transaction");
+    env.wait_stream_len(8, Duration::from_secs(10)).await;
+    relay.stop().await;
+    let stored = env.stored().await;
+    assert_eq!(assert_unique(&stored).len(), 8);
+    let lines: Vec<String> = stored
+        .iter()
+        .filter(|m| m.headers["Outbox-Aggregate-Id"] == "a")
+        .map(|m| m.payload.clone())
+        .collect();
+    assert_eq!(
+        lines,
+        ["{\"n\": 1}", "{\"n\": 2}", "{\"n\": 3}"],
+        "aggregate a in order"
+    );
+    assert_eq!(env.count("processed_at IS NULL").await, 0);
+}
+
 /// The shape a drain needs, at 100,000 pending rows (ten per aggregate, interleaved, as the
 /// benches' backlog), with the plan made on an empty table (a relay started before the backlog)
 /// and on the full one: one walk of the pending `seq` index that stops at the batch, and for each
