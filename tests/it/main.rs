@@ -52,6 +52,7 @@ mod deploy_files;
 mod edges;
 mod faults;
 mod harness;
+mod logs;
 mod mapping;
 mod migration_tools;
 mod observability;

@@ -5,6 +5,7 @@
 use std::fmt;
 
 use tracing::{Event, Subscriber};
+use tracing_subscriber::field::MakeExt;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::layer::SubscriberExt;
@@ -45,9 +46,15 @@ pub fn init(format: LogFormat, traces: bool) -> Result<Telemetry, String> {
     if let Ok(directive) = "outbox_relay::otel=off".parse() {
         filter = filter.add_directive(directive);
     }
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(colours(
+            std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            std::env::var_os("NO_COLOR"),
+        ));
     layers.push(match format {
         LogFormat::Text => fmt
+            .fmt_fields(escaped_fields())
             .event_format(WithTraceIds {
                 inner: tracing_subscriber::fmt::format(),
                 json: false,
@@ -254,6 +261,68 @@ mod otlp {
 /// An event format that appends `trace_id` and `span_id` of the current span's OpenTelemetry
 /// context to each line (as fields of the JSON object, or as `key=value` at the end of a text
 /// line). Lines outside a traced span are written as `inner` writes them.
+/// Colours in the text log only on a terminal, and not with `NO_COLOR` set to anything but the
+/// empty string (no-color.org): in a file, a pipe or journald they are noise in every line.
+fn colours(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
+/// The text log's fields, each value with its control and format characters escaped
+/// ([`Escaped`]): values come from rows (aggregate ids, event types, error texts naming them), and
+/// a raw newline would let a row forge a log line, an escape sequence reach the operator's
+/// terminal. Names are in italics and `=` dimmed on a terminal, as the default fields are.
+fn escaped_fields() -> impl for<'w> FormatFields<'w> + Send + Sync + 'static {
+    tracing_subscriber::fmt::format::debug_fn(
+        |writer: &mut Writer<'_>, field: &tracing::field::Field, value: &dyn fmt::Debug| {
+            let value = format!("{value:?}");
+            let value = Escaped(&value);
+            match field.name() {
+                "message" => write!(writer, "{value}"),
+                name if writer.has_ansi_escapes() => {
+                    write!(writer, "\x1b[3m{name}\x1b[0m\x1b[2m=\x1b[0m{value}")
+                }
+                name => write!(writer, "{name}={value}"),
+            }
+        },
+    )
+    .delimited(" ")
+}
+
+/// Text with its control characters (C0, DEL, C1) and the invisible format characters that
+/// reorder or hide text (bidirectional controls, zero-width ones) written as escapes: `\n`,
+/// `\r`, `\t`, else `\u{..}`.
+struct Escaped<'a>(&'a str);
+
+impl fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use fmt::Write as _;
+        for c in self.0.chars() {
+            match c {
+                '\n' => f.write_str("\\n")?,
+                '\r' => f.write_str("\\r")?,
+                '\t' => f.write_str("\\t")?,
+                c if c.is_control() || is_invisible_format(c) => {
+                    write!(f, "\\u{{{:x}}}", u32::from(c))?
+                }
+                c => f.write_char(c)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Format characters that change how the text around them reads without showing themselves.
+fn is_invisible_format(c: char) -> bool {
+    matches!(
+        c,
+        '\u{061c}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{2028}'..='\u{202e}'
+            | '\u{2060}'..='\u{2069}'
+            | '\u{feff}'
+    )
+}
+
 struct WithTraceIds<F> {
     inner: F,
     json: bool,
@@ -309,4 +378,31 @@ fn current_trace_ids() -> Option<(String, String)> {
 #[cfg(not(feature = "otel"))]
 fn current_trace_ids() -> Option<(String, String)> {
     None
+}
+
+#[cfg(test)]
+mod log_text_tests {
+    use super::{colours, Escaped};
+
+    #[test]
+    fn colours_on_a_terminal_unless_no_color() {
+        assert!(!colours(false, None));
+        assert!(colours(true, None));
+        assert!(!colours(true, Some("1".into())));
+        assert!(!colours(false, Some("1".into())));
+        assert!(
+            colours(true, Some("".into())),
+            "NO_COLOR empty counts as unset"
+        );
+    }
+
+    #[test]
+    fn control_and_invisible_format_characters_are_escaped() {
+        let row =
+            "evil\n2026 INFO forged\r\t\u{1b}[2J\u{7}\u{85}\u{202e}\u{2066}\u{200b}\u{feff}é中";
+        assert_eq!(
+            Escaped(row).to_string(),
+            "evil\\n2026 INFO forged\\r\\t\\u{1b}[2J\\u{7}\\u{85}\\u{202e}\\u{2066}\\u{200b}\\u{feff}é中"
+        );
+    }
 }
