@@ -25,6 +25,8 @@
 //!   console` serves it).
 //! - [`error`]: the opaque [`Error`] with [`ErrorKind`] and predicates; [`connect`] and [`redact`]
 //!   (connections as the relay makes them; connection strings with passwords hidden).
+//! - [`text`]: values from rows shown to people (pages, the text log) with control and hidden
+//!   format characters escaped.
 //!
 //! Private (the relay's inside):
 //! - `relay`: `Relay` (start-up waits, side tasks, shutdown and hand-over): resolves the config
@@ -84,6 +86,7 @@ mod source;
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub mod sqlx;
 mod subject;
+pub mod text;
 mod timestamp;
 pub mod wire;
 pub mod writer;

@@ -50,8 +50,8 @@ pub(crate) fn esc(s: &str) -> String {
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&#39;"),
             '\n' | '\t' => out.push(c),
-            c if c.is_control() => {
-                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            c if crate::text::is_escaped(c) => {
+                let _ = crate::text::write_escape(&mut out, c);
             }
             c => out.push(c),
         }

@@ -502,6 +502,40 @@ async fn read_only_hides_and_refuses_every_action() {
     assert!(is_dead(&client, id).await, "nothing changed");
 }
 
+/// Bidirectional controls and zero-width characters in a row are shown, not obeyed: an aggregate
+/// id with a right-to-left override cannot pose as another (`order-\u{202e}gnp.exe` reads as
+/// `order-exe.png`), nor can a zero-width space make two ids look the same.
+#[tokio::test]
+async fn invisible_format_characters_are_shown_not_obeyed() {
+    let db = shared_pg().create_migrated_database().await;
+    let client = testkit::pg_client(&db).await;
+    let posing = "order-\u{202e}gnp.exe\u{200b}\u{2066}\u{200e}\u{feff}";
+    let payload = serde_json::json!({ "note": posing }).to_string();
+    let id = dead_letter(&client, posing, posing, &payload, posing).await;
+    let console = Console::start(&db, |_| {}).await;
+    let cookie = console.login().await;
+    let auth = [("cookie", cookie.as_str())];
+    for path in [
+        "/".to_string(),
+        "/dead-letters".to_string(),
+        format!("/dead-letters/{id}"),
+    ] {
+        let res = console.get(&path, &auth).await;
+        assert_eq!(res.status, 200, "GET {path}: {}", res.body);
+        for hidden in ['\u{202e}', '\u{200b}', '\u{2066}', '\u{200e}', '\u{feff}'] {
+            assert!(
+                !res.body.contains(hidden),
+                "GET {path} holds {hidden:?} as it is"
+            );
+        }
+        assert!(
+            res.body.contains("order-\\u{202e}gnp.exe\\u{200b}"),
+            "GET {path} shows the characters: {}",
+            res.body
+        );
+    }
+}
+
 #[tokio::test]
 async fn every_value_of_a_row_is_shown_as_text() {
     let db = shared_pg().create_migrated_database().await;

@@ -13,6 +13,8 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, Registry};
 
+use outbox_relay::text::OneLine;
+
 use crate::cli::LogFormat;
 
 /// What has to be shut down at exit (the span exporter, flushing what it holds).
@@ -267,15 +269,15 @@ fn colours(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
     terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
-/// The text log's fields, each value with its control and format characters escaped
-/// ([`Escaped`]): values come from rows (aggregate ids, event types, error texts naming them), and
+/// The text log's fields, each value with its control and hidden format characters escaped
+/// ([`OneLine`]): values come from rows (aggregate ids, event types, error texts naming them), and
 /// a raw newline would let a row forge a log line, an escape sequence reach the operator's
 /// terminal. Names are in italics and `=` dimmed on a terminal, as the default fields are.
 fn escaped_fields() -> impl for<'w> FormatFields<'w> + Send + Sync + 'static {
     tracing_subscriber::fmt::format::debug_fn(
         |writer: &mut Writer<'_>, field: &tracing::field::Field, value: &dyn fmt::Debug| {
             let value = format!("{value:?}");
-            let value = Escaped(&value);
+            let value = OneLine(&value);
             match field.name() {
                 "message" => write!(writer, "{value}"),
                 name if writer.has_ansi_escapes() => {
@@ -286,41 +288,6 @@ fn escaped_fields() -> impl for<'w> FormatFields<'w> + Send + Sync + 'static {
         },
     )
     .delimited(" ")
-}
-
-/// Text with its control characters (C0, DEL, C1) and the invisible format characters that
-/// reorder or hide text (bidirectional controls, zero-width ones) written as escapes: `\n`,
-/// `\r`, `\t`, else `\u{..}`.
-struct Escaped<'a>(&'a str);
-
-impl fmt::Display for Escaped<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        use fmt::Write as _;
-        for c in self.0.chars() {
-            match c {
-                '\n' => f.write_str("\\n")?,
-                '\r' => f.write_str("\\r")?,
-                '\t' => f.write_str("\\t")?,
-                c if c.is_control() || is_invisible_format(c) => {
-                    write!(f, "\\u{{{:x}}}", u32::from(c))?
-                }
-                c => f.write_char(c)?,
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Format characters that change how the text around them reads without showing themselves.
-fn is_invisible_format(c: char) -> bool {
-    matches!(
-        c,
-        '\u{061c}'
-            | '\u{200b}'..='\u{200f}'
-            | '\u{2028}'..='\u{202e}'
-            | '\u{2060}'..='\u{2069}'
-            | '\u{feff}'
-    )
 }
 
 struct WithTraceIds<F> {
@@ -382,7 +349,7 @@ fn current_trace_ids() -> Option<(String, String)> {
 
 #[cfg(test)]
 mod log_text_tests {
-    use super::{colours, Escaped};
+    use super::colours;
 
     #[test]
     fn colours_on_a_terminal_unless_no_color() {
@@ -393,16 +360,6 @@ mod log_text_tests {
         assert!(
             colours(true, Some("".into())),
             "NO_COLOR empty counts as unset"
-        );
-    }
-
-    #[test]
-    fn control_and_invisible_format_characters_are_escaped() {
-        let row =
-            "evil\n2026 INFO forged\r\t\u{1b}[2J\u{7}\u{85}\u{202e}\u{2066}\u{200b}\u{feff}é中";
-        assert_eq!(
-            Escaped(row).to_string(),
-            "evil\\n2026 INFO forged\\r\\t\\u{1b}[2J\\u{7}\\u{85}\\u{202e}\\u{2066}\\u{200b}\\u{feff}é中"
         );
     }
 }
