@@ -1429,3 +1429,55 @@ async fn the_overview_counts_blocked_aggregates_up_to_10000() {
     assert_eq!(overview.blocked[0].aggregate_id, "agg-1");
     assert_eq!(overview.blocked[0].waiting_events, 3);
 }
+
+/// `console` with a database it cannot reach, or cannot log in to, exits 1 at start with the
+/// reason, as `run` does with a database that refuses it, instead of listening and answering
+/// every page with a 500.
+#[tokio::test]
+async fn a_console_without_its_database_exits_1_with_the_reason() {
+    let db = shared_pg().create_migrated_database().await;
+    let wrong_password = {
+        let mut url = url::Url::parse(&db).expect("database url");
+        url.set_username("nobody_here").expect("user");
+        url.set_password(Some("wrong")).expect("password");
+        url.to_string()
+    };
+    for (url, reason) in [
+        ("postgres://postgres@127.0.0.1:1/none", "connect"),
+        (wrong_password.as_str(), "nobody_here"),
+    ] {
+        let addr = testkit::free_addr();
+        let mut cmd = testkit::relay_command();
+        cmd.args(["console", "--listen", &addr.to_string()])
+            .env("DATABASE_URL", url)
+            .env("OUTBOX_CONSOLE_TOKEN", TOKEN)
+            .env("RUST_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().expect("run the console");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                break Some(status);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let mut stderr = String::new();
+        if let Some(mut err) = child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut err, &mut stderr);
+        }
+        let status = status.unwrap_or_else(|| panic!("{url}: still serving after 30 s: {stderr}"));
+        assert_eq!(status.code(), Some(1), "{url}: {stderr}");
+        assert!(stderr.contains(reason), "{url}: the reason: {stderr}");
+        assert!(
+            !stderr.contains("wrong"),
+            "{url}: the password stays out of the message: {stderr}"
+        );
+    }
+}

@@ -26,6 +26,19 @@ fn token(args: &ConsoleArgs) -> Result<String, Error> {
     }
 }
 
+/// The console connects per request: one that cannot reach or log in to its database would listen
+/// and answer every page with a 500. It refuses to start instead, with the reason.
+async fn check_database(url: &str) -> Result<(), Error> {
+    const WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+    match tokio::time::timeout(WITHIN, outbox_relay::connect(url, "outbox-relay-console")).await {
+        Ok(client) => client.map(drop),
+        Err(_) => Err(Error::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "the database did not answer within 10 s",
+        ))),
+    }
+}
+
 pub async fn serve(
     database_url: String,
     schema: Option<outbox_relay::Schema>,
@@ -39,6 +52,7 @@ pub async fn serve(
         Some(("token", message)) => Error::config("token_file", message.to_string()),
         _ => e,
     })?;
+    check_database(&database_url).await?;
     let app = console::router(config, Database::url(database_url))?;
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let addr = listener.local_addr()?;
