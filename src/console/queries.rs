@@ -43,6 +43,21 @@ impl Filter {
         "until",
     ];
 
+    /// Each field's cap, in characters: the column's own for ids and types; enough for any error
+    /// text worth searching and any timestamp. A longer value is refused (a 400 naming the
+    /// field) rather than searched for and echoed into pages and redirects.
+    pub(crate) const CAPS: [usize; 6] = [100, 255, 255, 1_000, 100, 100];
+
+    /// The first field over its cap ([`Filter::CAPS`]), with that cap.
+    pub(crate) fn over_cap(&self) -> Option<(&'static str, usize)> {
+        Filter::FIELDS
+            .iter()
+            .zip(Filter::CAPS)
+            .zip(self.values())
+            .find(|((_, cap), value)| value.is_some_and(|v| v.chars().count() > *cap))
+            .map(|((field, cap), _)| (*field, cap))
+    }
+
     /// From form or query pairs; empty values match anything.
     pub(crate) fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
         let mut f = Filter::default();

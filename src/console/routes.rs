@@ -56,8 +56,14 @@ fn value<'a>(pairs: &'a [(String, String)], name: &str) -> Option<&'a str> {
         .map(|(_, v)| v.as_str())
 }
 
-fn filter_of(pairs: &[(String, String)]) -> Filter {
-    Filter::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+/// The filter of a request, or what is wrong with it: a field over its cap (the value is not
+/// echoed).
+fn filter_of(pairs: &[(String, String)]) -> Result<Filter, String> {
+    let filter = Filter::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    match filter.over_cap() {
+        None => Ok(filter),
+        Some((field, cap)) => Err(format!("{field}: longer than {cap} characters")),
+    }
 }
 
 /// A failure as a page: the caller's mistakes say what is wrong; the database's own failures
@@ -127,7 +133,10 @@ async fn list(
     RawQuery(raw): RawQuery,
 ) -> Response {
     let q = pairs(raw.as_deref().unwrap_or("").as_bytes());
-    let filter = filter_of(&q);
+    let filter = match filter_of(&q) {
+        Ok(filter) => filter,
+        Err(wrong) => return bad_request(&app, &who, &wrong),
+    };
     let after = match value(&q, "after").filter(|v| !v.is_empty()) {
         None => None,
         Some(v) => match v.parse::<i64>() {
@@ -295,7 +304,10 @@ async fn bulk_action(
     let Some(action) = value(&form, "action").and_then(Action::parse) else {
         return bad_request(&app, &who, "unknown action");
     };
-    let filter = filter_of(&form);
+    let filter = match filter_of(&form) {
+        Ok(filter) => filter,
+        Err(wrong) => return bad_request(&app, &who, &wrong),
+    };
     if value(&form, "confirm") == Some("yes") {
         let upto = value(&form, "upto").and_then(|v| v.parse::<i64>().ok());
         let expected = value(&form, "expected").and_then(|v| v.parse::<i64>().ok());

@@ -1481,3 +1481,48 @@ async fn a_console_without_its_database_exits_1_with_the_reason() {
         );
     }
 }
+
+/// Filter fields have a length cap (the columns' own for ids and types, 1,000 characters for the
+/// error text, 100 for times): a longer value is a 400 naming the field, on the list and on a bulk
+/// action, instead of a page or a redirect whose `Location` echoes it (900 kB before).
+#[tokio::test]
+async fn a_filter_value_over_its_cap_is_a_400_naming_the_field() {
+    let db = shared_pg().create_migrated_database().await;
+    let client = testkit::pg_client(&db).await;
+    dead_letter(&client, "a1", "order.failed", "{}", "boom").await;
+    let console = Console::start(&db, |_| {}).await;
+    let (cookie, csrf) = console.session().await;
+    let auth = [("cookie", cookie.as_str())];
+    for (field, long) in [
+        ("aggregate_id", "x".repeat(256)),
+        ("aggregate_type", "x".repeat(256)),
+        ("event_type", "x".repeat(101)),
+        ("error", "x".repeat(1_001)),
+        ("since", "x".repeat(101)),
+    ] {
+        let res = console
+            .get(&format!("/dead-letters?{field}={long}"), &auth)
+            .await;
+        assert_eq!(res.status, 400, "{field}: {}", res.body);
+        assert!(res.body.contains(field), "{field} named: {}", res.body);
+        assert!(!res.body.contains(&long), "{field} not echoed");
+    }
+    // At the cap it is a filter like any other.
+    let res = console
+        .get(&format!("/dead-letters?error={}", "x".repeat(1_000)), &auth)
+        .await;
+    assert_eq!(res.status, 200, "{}", res.body);
+    let origin = console.origin();
+    let huge = "y".repeat(900_000);
+    let res = console
+        .post(
+            "/dead-letters/bulk",
+            &[("cookie", &cookie), ("origin", &origin)],
+            &[("csrf", &csrf), ("action", "retry"), ("error", &huge)],
+        )
+        .await;
+    assert_eq!(res.status, 400, "a bulk action: {}", res.body.len());
+    assert!(res.header("location").is_none());
+    assert!(res.body.len() < 20_000, "{} bytes", res.body.len());
+    assert!(res.body.contains("error"));
+}
