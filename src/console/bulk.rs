@@ -15,9 +15,10 @@ use crate::error::Result;
 
 /// Jobs kept for their pages, newest last.
 const KEPT: usize = 50;
-/// A batch whose rows changed under it (another operator, a relay) is selected again at most
-/// this many times in a row.
-const RESELECTS: u32 = 3;
+/// A batch whose rows changed under it (another operator's action, a relay) is selected again,
+/// with only what is still a dead letter: each time, the other side has taken rows, so this only
+/// bounds a pathological race (a relay dead-lettering the same rows again and again).
+const RESELECTS: u32 = 100;
 
 /// How far a job has come.
 #[derive(Debug, Clone)]
@@ -171,6 +172,13 @@ async fn run(
                 // Some of them stopped being dead letters since the batch was read: read it again.
                 reselects += 1;
                 continue;
+            }
+            Err(e) if e.is_not_found() => {
+                // Said with a count: the ids would fill the page and the audit line.
+                return Err(crate::error::Error::not_found(format!(
+                    "another action took these dead letters first {RESELECTS} times in a row; run \
+                     it again to continue with the rest"
+                )));
             }
             Err(e) => return Err(e),
         };

@@ -700,12 +700,29 @@ pub(crate) fn job(app: &App, who: &Identity, s: &JobState) -> Html<String> {
             s.action.past(),
             esc(e)
         ),
-        (None, true) => format!(
-            r#"<p class="notice" id="job-state">Done: {} dead letters {} in {:.1} s.</p>"#,
-            num(s.done),
-            s.action.past(),
-            s.elapsed.as_secs_f64()
-        ),
+        (None, true) => {
+            // Confirmed but gone when this job reached them: another operator's action (or a
+            // relay, for one that was retried) handled them first.
+            let gone = u64::try_from(s.expected)
+                .unwrap_or(0)
+                .saturating_sub(s.done);
+            let others = if gone > 0 {
+                format!(
+                    " {} of the {} confirmed were no longer dead letters when this action reached them: another action handled them first.",
+                    num(gone),
+                    num(s.expected)
+                )
+            } else {
+                String::new()
+            };
+            format!(
+                r#"<p class="notice" id="job-state">Done: {} dead letters {} in {:.1} s.{}</p>"#,
+                num(s.done),
+                s.action.past(),
+                s.elapsed.as_secs_f64(),
+                others
+            )
+        }
         (None, false) => r#"<p id="job-state">Running…</p>"#.to_string(),
     };
     let b = format!(

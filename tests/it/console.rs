@@ -1526,3 +1526,121 @@ async fn a_filter_value_over_its_cap_is_a_400_naming_the_field() {
     assert!(res.body.len() < 20_000, "{} bytes", res.body.len());
     assert!(res.body.contains("error"));
 }
+
+/// Two operators bulk-retry the same 3,000 dead letters. Whoever comes second is told that the
+/// other action handled them, with the count, and finishes: not "Failed ... not a dead letter"
+/// with a list of ids. First one after the other (the second finds none left), then both at once
+/// in batches of 100 (each batch of the loser reads what is still a dead letter again).
+#[tokio::test]
+async fn the_second_of_two_bulk_actions_says_the_other_handled_the_rest() {
+    let db = shared_pg().create_migrated_database().await;
+    let client = testkit::pg_client(&db).await;
+    let seed = "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload,
+                                           attempts, last_error, dead_lettered_at)
+                SELECT 'order', 'two-' || g, 'order.failed', '{}', 5, 'boom', now()
+                FROM generate_series(1, 3000) g";
+    client.batch_execute(seed).await.expect("seed");
+    let console = Console::start(&db, |c| c.batch_size = 100).await;
+    let origin = console.origin();
+    let ask = |cookie: String, csrf: String| {
+        let (console, origin) = (&console, origin.clone());
+        async move {
+            let headers = [("cookie", cookie.as_str()), ("origin", origin.as_str())];
+            let form = [("csrf", csrf.as_str()), ("action", "retry")];
+            let ask = console.post("/dead-letters/bulk", &headers, &form).await;
+            assert_eq!(ask.status, 200, "{}", ask.body);
+            let upto = field(&ask.body, "upto").expect("upto");
+            let expected = field(&ask.body, "expected").expect("expected");
+            assert_eq!(expected, "3000");
+            (cookie, csrf, upto, expected)
+        }
+    };
+    let go = |(cookie, csrf, upto, expected): (String, String, String, String)| {
+        let (console, origin) = (&console, origin.clone());
+        async move {
+            let headers = [("cookie", cookie.as_str()), ("origin", origin.as_str())];
+            let form = [
+                ("csrf", csrf.as_str()),
+                ("action", "retry"),
+                ("confirm", "yes"),
+                ("upto", upto.as_str()),
+                ("expected", expected.as_str()),
+            ];
+            let go = console.post("/dead-letters/bulk", &headers, &form).await;
+            assert_eq!(go.status, 303, "{}", go.body);
+            let job = go.header("location").expect("the job page").to_string();
+            let auth = [("cookie", cookie.as_str())];
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let page = console.get(&job, &auth).await.body;
+                if page.contains("Done") || page.contains("Failed") {
+                    break page;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the job not done in 60 s: {page}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    // One after the other.
+    let (a, b) = (console.session().await, console.session().await);
+    let (a, b) = (ask(a.0, a.1).await, ask(b.0, b.1).await);
+    let first = go(a).await;
+    assert!(
+        first.contains("Done: 3,000 dead letters retried"),
+        "{first}"
+    );
+    let second = go(b).await;
+    assert!(!second.contains("not a dead letter"), "{second}");
+    assert!(
+        second.contains("Done: 0 dead letters retried")
+            && second.contains("3,000 of the 3,000 confirmed were no longer dead letters"),
+        "{second}"
+    );
+    // Both at once.
+    client
+        .batch_execute(
+            "UPDATE outbox_events SET dead_lettered_at = now(), attempts = 5, last_error = 'boom'",
+        )
+        .await
+        .expect("dead again");
+    let (a, b) = (console.session().await, console.session().await);
+    let (a, b) = (ask(a.0, a.1).await, ask(b.0, b.1).await);
+    let (pa, pb) = tokio::join!(go(a), go(b));
+    let mut done = 0;
+    for page in [&pa, &pb] {
+        assert!(!page.contains("Failed"), "{page}");
+        assert!(!page.contains("not a dead letter"), "{page}");
+        let n: u64 = page
+            .split("Done: ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .map(|n| n.replace(',', ""))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("a count: {page}"));
+        if n < 3_000 {
+            let other = format!(
+                "{} of the 3,000 confirmed were no longer dead letters",
+                grouped(3_000 - n)
+            );
+            assert!(page.contains(&other), "{other}: {page}");
+        }
+        done += n;
+    }
+    assert_eq!(done, 3_000, "each dead letter retried once: {pa} {pb}");
+}
+
+/// `n` with a comma between groups of three digits, as the pages write counts.
+fn grouped(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
