@@ -175,8 +175,9 @@ pub(crate) fn is_broker_outage<'a>(outcomes: impl IntoIterator<Item = &'a Outcom
 /// notifications at once; the relay arms only after a poll comes back empty.
 pub(crate) const LINGER: Duration = Duration::from_millis(2);
 
-/// The first claim after a wake-up from idle takes at most this many heads (the heads-only claim,
-/// cheaper for the one event a wake-up usually brings); the full claim follows at once.
+/// The first claim after a writer's notification at idle takes at most this many heads (the
+/// heads-only claim, cheaper for the one event a notification usually brings); the full claim
+/// follows at once.
 pub(crate) const WAKE_HEADS: usize = 16;
 
 /// Pause after a failed batch or one that met the broker's trouble: 100 ms growing 1.5x to 10 s.

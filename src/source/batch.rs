@@ -139,7 +139,7 @@ pub(crate) fn settle<'a>(
 pub(crate) enum Claiming {
     /// The claim of the configured ordering.
     Full,
-    /// Heads only, in per-aggregate order: the first batch after a wake-up from idle (see
+    /// Heads only, in per-aggregate order: the first batch after a writer's notification at idle (see
     /// [`Store::claim_heads`]).
     Heads,
 }

@@ -312,9 +312,9 @@ impl Store {
         self.claim_with(ordering, false, limit, max_bytes).await
     }
 
-    /// The first claim after a wake-up from idle, in per-aggregate order: heads only
-    /// (`claim_heads.sql`, half the cost of the full claim for the one event a wake-up usually
-    /// brings). A claim that found any row is full: the full claim follows at once for the
+    /// The first claim after a writer's notification at idle, in per-aggregate order: heads only
+    /// (`claim_heads.sql`, half the cost of the full claim for the one event a notification
+    /// usually brings). A claim that found any row is full: the full claim follows at once for the
     /// heads' followers and whatever came meanwhile.
     pub async fn claim_heads(&mut self, limit: usize, max_bytes: usize) -> Result<Claim<'_>> {
         self.claim_with(Ordering::Aggregate, true, limit, max_bytes)

@@ -399,6 +399,15 @@ async fn commit_to_publish_lag_is_measured_on_the_database_clock() {
         .await;
         env.insert_sql(3, "lag", "order.created").await;
         env.wait_stream_len(3, Duration::from_secs(20)).await;
+        // The relay observes each lag when it reads the ack, a moment after the stream holds the
+        // message (and the three may come in two batches: the head first).
+        wait_until("three lags observed", Duration::from_secs(20), || async {
+            scrape(addr)
+                .await
+                .and_then(|s| s.get("outbox_commit_to_publish_seconds_count").copied())
+                == Some(3.0)
+        })
+        .await;
         let s = scrape(addr).await.expect("metrics");
         assert_eq!(
             s.get("outbox_commit_to_publish_seconds_count"),

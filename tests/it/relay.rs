@@ -514,9 +514,9 @@ async fn the_claim_reaches_each_aggregate_through_its_index_on_a_new_table() {
     }
 }
 
-/// The heads-only claim (the first after a wake-up) walks the pending `seq` index once and probes
-/// each head's older rows backward through the pending aggregate index, whatever the table held
-/// when its plan was made.
+/// The heads-only claim (the first after a writer's notification) walks the pending `seq` index
+/// once and probes each head's older rows backward through the pending aggregate index, whatever
+/// the table held when its plan was made.
 #[tokio::test]
 async fn the_heads_claim_walks_once_and_probes_back_on_a_new_table() {
     for rows in [5, 500, 0] {
@@ -539,7 +539,7 @@ async fn the_heads_claim_walks_once_and_probes_back_on_a_new_table() {
     }
 }
 
-/// A wake-up from idle claims heads first: a transaction's events that follow a head of their
+/// A notification at idle claims heads first: a transaction's events that follow a head of their
 /// aggregate, and rows held back by the byte budget, go out at once behind them (the full claim
 /// follows), in order, each once; nothing waits for the fallback poll (60 s here).
 #[tokio::test]

@@ -1,8 +1,8 @@
--- The first claim after a wake-up from idle, in per-aggregate order: up to $1 heads (pending rows
--- with no older pending row of their aggregate) and up to $2 bytes of payload (the first head
--- always, as claim_ordered.sql does), claimed and marked in one statement. The full claim
--- (claim_ordered.sql) also finds followers, gaps and hops; that plan is four times the nodes,
--- and a wake-up usually finds one event: this one costs PostgreSQL about half as much per call
+-- The first claim after a writer's notification at idle, in per-aggregate order: up to $1 heads
+-- (pending rows with no older pending row of their aggregate) and up to $2 bytes of payload (the
+-- first head always, as claim_ordered.sql does), claimed and marked in one statement. The full
+-- claim (claim_ordered.sql) also finds followers, gaps and hops; that plan is four times the
+-- nodes, and a notification usually brings one event: this one costs PostgreSQL about half as much per call
 -- (measured 0.20 against 0.39 ms for one row), which is most of what the claim adds to an idle
 -- event's latency. The relay claims again at once with the full claim (the heads' followers, or
 -- anything that came meanwhile), so nothing waits behind it.
