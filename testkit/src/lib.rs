@@ -24,7 +24,7 @@ mod relay;
 use std::future::Future;
 use std::time::Duration;
 
-pub use nats::NatsServer;
+pub use nats::{nats_bin, nats_version, NatsServer};
 pub use pg::{shared_pg, PgCluster, PgOptions};
 pub use pgbouncer::{PgBouncer, PgBouncerOptions};
 pub use relay::{relay_bin, relay_command, RelayProcess, RELAY_BIN_ENV};

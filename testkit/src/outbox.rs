@@ -462,7 +462,8 @@ impl RelayProcess {
     }
 
     /// [`RelayProcess::run`] with its log (`RUST_LOG=info`) in a file of its own, for
-    /// [`RelayProcess::log_tail`]. `extra` may set `--metrics-addr` (else `off`).
+    /// [`RelayProcess::log_tail`]. `extra` may set `--metrics-addr` (else `off`) and
+    /// `--fallback-interval` (else `60s`).
     pub fn run_logged(env: &Env, extra: &[&str]) -> RelayProcess {
         Self::run_logged_with(env, extra, |_| {})
     }
@@ -484,7 +485,10 @@ impl RelayProcess {
             std::env::temp_dir().join(format!("outbox-relay-test-{}-{n}.log", std::process::id()));
         let file = std::fs::File::create(&log).expect("relay log file");
         let mut cmd = relay_command();
-        cmd.args(["run", "--fallback-interval", "60s"]);
+        cmd.arg("run");
+        if !extra.contains(&"--fallback-interval") {
+            cmd.args(["--fallback-interval", "60s"]);
+        }
         if !extra.contains(&"--metrics-addr") {
             cmd.args(["--metrics-addr", "off"]);
         }

@@ -353,7 +353,7 @@ pub(crate) fn which(name: impl AsRef<OsStr>) -> Option<PathBuf> {
         .find(|p| is_executable(p))
 }
 
-pub(crate) fn is_executable(p: &Path) -> bool {
+pub fn is_executable(p: &Path) -> bool {
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
