@@ -7,7 +7,7 @@
 use tokio_postgres::Client;
 use uuid::Uuid;
 
-use super::queries::{self, Detail, Filter, Follower, ListedDeadLetter, RelayConnection};
+use super::queries::{self, Cause, Detail, Filter, Follower, ListedDeadLetter, RelayConnection};
 use crate::error::Result;
 use crate::ops::{self, Outbox};
 use crate::schema::Schema;
@@ -18,6 +18,13 @@ const BLOCKED_LISTED: i64 = 20;
 /// quarter of a second, more than the rest of the overview together. The page shows more as
 /// "10,000+"; `outbox-relay status` counts them all.
 pub(crate) const BLOCKED_COUNTED: i64 = 10_000;
+/// Dead letters the causes are counted among at most: the cause is a few regular expressions per
+/// row, and a million dead letters would take seconds. The pages say when the count stopped there.
+pub(crate) const CAUSES_LOOKED: i64 = 10_000;
+/// Causes the overview lists at most.
+const CAUSES_ON_OVERVIEW: i64 = 5;
+/// Causes the dead-letter list shows at most above its rows.
+const CAUSES_LISTED: i64 = 20;
 /// Followers the detail view lists at most.
 const FOLLOWERS_LISTED: i64 = 50;
 
@@ -34,6 +41,9 @@ pub(crate) struct Overview {
     pub(crate) wal_slots: Vec<ops::WalSlot>,
     pub(crate) per_minute: [i64; 60],
     pub(crate) relays: Vec<RelayConnection>,
+    /// The most frequent causes of the dead letters, and how many dead letters they were counted
+    /// among.
+    pub(crate) causes: (Vec<Cause>, i64),
 }
 
 /// The overview, read in one transaction.
@@ -46,6 +56,7 @@ pub(crate) async fn overview(client: &mut Client, schema: Option<&str>) -> Resul
         wal_slots: ops::read_wal_slots(&tx).await?,
         per_minute: queries::per_minute(&tx).await?,
         relays: queries::relays(&tx).await?,
+        causes: queries::causes(&tx, &Filter::default(), CAUSES_LOOKED, CAUSES_ON_OVERVIEW).await?,
     };
     tx.commit().await?;
     Ok(overview)
@@ -64,6 +75,19 @@ pub(crate) async fn page(
     let rows = queries::page(&tx, filter, after, limit).await?;
     tx.commit().await?;
     Ok(rows)
+}
+
+/// The causes of the dead letters matching `filter` (see [`queries::causes`]).
+pub(crate) async fn causes(
+    client: &mut Client,
+    schema: Option<&str>,
+    filter: &Filter,
+) -> Result<(Vec<Cause>, i64)> {
+    let mut outbox = outbox(client, schema)?;
+    let tx = outbox.checked_transaction().await?;
+    let causes = queries::causes(&tx, filter, CAUSES_LOOKED, CAUSES_LISTED).await?;
+    tx.commit().await?;
+    Ok(causes)
 }
 
 /// How many dead letters match, and the highest seq among them.

@@ -8,10 +8,10 @@ use axum::http::StatusCode;
 use axum::response::Html;
 use uuid::Uuid;
 
-use super::actions::{Action, Overview, BLOCKED_COUNTED};
+use super::actions::{Action, Overview, BLOCKED_COUNTED, CAUSES_LOOKED};
 use super::auth::Identity;
 use super::bulk::JobState;
-use super::queries::{Detail, Filter, Follower, ListedDeadLetter};
+use super::queries::{Cause, Detail, Filter, Follower, ListedDeadLetter};
 use super::App;
 use crate::timestamp::Timestamp;
 
@@ -345,6 +345,11 @@ pub(crate) fn overview(app: &App, who: &Identity, o: &Overview) -> Html<String> 
         }
     }
 
+    if !o.causes.0.is_empty() {
+        b.push_str("<h2>Dead letters by cause</h2>");
+        b.push_str(&causes_table(app, "causes", &Filter::default(), &o.causes));
+    }
+
     b.push_str("<h2>Relays connected</h2>");
     if o.relays.is_empty() {
         b.push_str(
@@ -391,6 +396,50 @@ pub(crate) fn overview(app: &App, who: &Identity, o: &Overview) -> Html<String> 
     layout(app, Some(who), "Overview", Some(10), &b)
 }
 
+/// Dead letters by cause (`id`: the table's), each linking to the list filtered to it; `filter`:
+/// the list's, which the links keep. Says when the count stopped at [`CAUSES_LOOKED`].
+fn causes_table(app: &App, id: &str, filter: &Filter, causes: &(Vec<Cause>, i64)) -> String {
+    let (causes, looked_at) = causes;
+    if causes.is_empty() {
+        return String::new();
+    }
+    let mut b = format!(
+        r#"<table id="{id}"><tr><th>Cause</th><th>Dead letters</th><th>First seen</th><th>Last seen</th></tr>"#
+    );
+    for c in causes {
+        let mut pairs: Vec<(&str, &str)> = filter
+            .pairs()
+            .into_iter()
+            .filter(|(k, _)| *k != "cause")
+            .collect();
+        pairs.push(("cause", &c.cause));
+        let shown = if c.cause.is_empty() {
+            "(no error text)"
+        } else {
+            c.cause.as_str()
+        };
+        let _ = write!(
+            b,
+            r#"<tr><td class="err"><a class="cause" href="{}{}">{}</a></td><td class="n">{}</td><td class="t">{}</td><td class="t">{}</td></tr>"#,
+            esc(&app.href("/dead-letters")),
+            esc(&query(&pairs)),
+            esc(shown),
+            num(c.dead_letters),
+            ts(&c.first_seen),
+            ts(&c.last_seen)
+        );
+    }
+    b.push_str("</table>");
+    if *looked_at >= CAUSES_LOOKED {
+        let _ = write!(
+            b,
+            r#"<p id="{id}-capped">Counted among {} of the dead letters; the list and its actions take them all.</p>"#,
+            num(CAUSES_LOOKED)
+        );
+    }
+    b
+}
+
 /// What the last action did, from the redirect's query (known words and numbers only).
 pub(crate) fn notice(done: Option<Action>, n: Option<u64>) -> String {
     match (done, n) {
@@ -416,7 +465,7 @@ fn filter_form(app: &App, filter: &Filter) -> String {
         )
     };
     format!(
-        r#"<form class="filter" method="get" action="{}">{}{}{}{}{}{}<button id="apply-filter">Filter</button> <a href="{}">Clear</a></form>"#,
+        r#"<form class="filter" method="get" action="{}">{}{}{}{}{}{}{}<button id="apply-filter">Filter</button> <a href="{}">Clear</a></form>"#,
         esc(&app.href("/dead-letters")),
         field(
             "event_type",
@@ -439,23 +488,41 @@ fn filter_form(app: &App, filter: &Filter) -> String {
         field("error", "Error contains", filter.error.as_deref(), "text"),
         field("since", "Dead since", filter.since.as_deref(), "text"),
         field("until", "Dead before", filter.until.as_deref(), "text"),
+        field("cause", "Cause", filter.cause.as_deref(), "text"),
         esc(&app.href("/dead-letters"))
     )
 }
 
-/// The dead-letter list: filter, a page of rows with their checkboxes, actions, next page.
-pub(crate) fn dead_letters(
-    app: &App,
-    who: &Identity,
-    filter: &Filter,
-    rows: &[ListedDeadLetter],
-    next_after: Option<i64>,
-    first_page: bool,
-    notice: &str,
-) -> Html<String> {
+/// What the dead-letter list shows.
+pub(crate) struct ListPage<'a> {
+    pub(crate) filter: &'a Filter,
+    pub(crate) rows: &'a [ListedDeadLetter],
+    /// The causes of the matching dead letters (first page only).
+    pub(crate) causes: Option<&'a (Vec<Cause>, i64)>,
+    /// The seq the next page starts after, if there is one.
+    pub(crate) next_after: Option<i64>,
+    pub(crate) first_page: bool,
+    pub(crate) notice: &'a str,
+}
+
+/// The dead-letter list: filter, the causes, a page of rows with their checkboxes, actions, next
+/// page.
+pub(crate) fn dead_letters(app: &App, who: &Identity, page: &ListPage) -> Html<String> {
+    let ListPage {
+        filter,
+        rows,
+        causes,
+        next_after,
+        first_page,
+        notice,
+    } = *page;
     let mut b = String::from("<h1>Dead letters</h1>");
     b.push_str(notice);
     b.push_str(&filter_form(app, filter));
+    if let Some(causes) = causes.filter(|c| !c.0.is_empty()) {
+        b.push_str("<h2>By cause</h2>");
+        b.push_str(&causes_table(app, "list-causes", filter, causes));
+    }
     let actions = !app.config.read_only;
     if actions {
         let _ = write!(

@@ -2,6 +2,8 @@
 //! one event and its followers, the published-per-minute chart and the connected relays. Each
 //! runs in a transaction the caller opened with `ops::checked_transaction_in`.
 
+use std::sync::LazyLock;
+
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::GenericClient;
 use uuid::Uuid;
@@ -9,9 +11,37 @@ use uuid::Uuid;
 use crate::error::Result;
 use crate::timestamp::Timestamp;
 
-const PAGE: &str = include_str!("../../sql/queries/console/dead_letters_page.sql");
-const COUNT: &str = include_str!("../../sql/queries/console/dead_letters_count.sql");
-const BATCH: &str = include_str!("../../sql/queries/console/dead_letters_batch.sql");
+static PAGE: LazyLock<String> = LazyLock::new(|| {
+    filtered(include_str!(
+        "../../sql/queries/console/dead_letters_page.sql"
+    ))
+});
+static COUNT: LazyLock<String> = LazyLock::new(|| {
+    filtered(include_str!(
+        "../../sql/queries/console/dead_letters_count.sql"
+    ))
+});
+static BATCH: LazyLock<String> = LazyLock::new(|| {
+    filtered(include_str!(
+        "../../sql/queries/console/dead_letters_batch.sql"
+    ))
+});
+static CAUSES: LazyLock<String> = LazyLock::new(|| {
+    filtered(include_str!(
+        "../../sql/queries/console/dead_letter_causes.sql"
+    ))
+});
+const FILTER: &str = include_str!("../../sql/queries/console/dead_letter_filter.sql");
+const CAUSE: &str = include_str!("../../sql/queries/console/error_cause.sql");
+
+/// A statement with the list's filter and the cause expression spliced in (one definition of
+/// each for every statement that applies them).
+fn filtered(sql: &str) -> String {
+    sql.replace("/* dead_letter_filter.sql */", FILTER).replace(
+        "error_cause(last_error)",
+        &format!("({})", CAUSE.trim_end()),
+    )
+}
 const DETAIL: &str = include_str!("../../sql/queries/console/event_detail.sql");
 const FOLLOWERS: &str = include_str!("../../sql/queries/console/followers.sql");
 const PER_MINUTE: &str = include_str!("../../sql/queries/console/processed_per_minute.sql");
@@ -30,23 +60,26 @@ pub(crate) struct Filter {
     pub(crate) since: Option<String>,
     /// Dead-lettered before.
     pub(crate) until: Option<String>,
+    /// The cause (`error_cause.sql`: the error text without what varies), exactly.
+    pub(crate) cause: Option<String>,
 }
 
 impl Filter {
     /// The form fields and query parameters, by name.
-    pub(crate) const FIELDS: [&'static str; 6] = [
+    pub(crate) const FIELDS: [&'static str; 7] = [
         "event_type",
         "aggregate_type",
         "aggregate_id",
         "error",
         "since",
         "until",
+        "cause",
     ];
 
     /// Each field's cap, in characters: the column's own for ids and types; enough for any error
     /// text worth searching and any timestamp. A longer value is refused (a 400 naming the
     /// field) rather than searched for and echoed into pages and redirects.
-    pub(crate) const CAPS: [usize; 6] = [100, 255, 255, 1_000, 100, 100];
+    pub(crate) const CAPS: [usize; 7] = [100, 255, 255, 1_000, 100, 100, 300];
 
     /// The first field over its cap ([`Filter::CAPS`]), with that cap.
     pub(crate) fn over_cap(&self) -> Option<(&'static str, usize)> {
@@ -71,6 +104,7 @@ impl Filter {
                 "error" => f.error = value,
                 "since" => f.since = value,
                 "until" => f.until = value,
+                "cause" => f.cause = value,
                 _ => {}
             }
         }
@@ -87,7 +121,7 @@ impl Filter {
     }
 
     /// Every field, set or not, in [`Filter::FIELDS`] order.
-    pub(crate) fn values(&self) -> [Option<&str>; 6] {
+    pub(crate) fn values(&self) -> [Option<&str>; 7] {
         [
             self.event_type.as_deref(),
             self.aggregate_type.as_deref(),
@@ -95,6 +129,7 @@ impl Filter {
             self.error.as_deref(),
             self.since.as_deref(),
             self.until.as_deref(),
+            self.cause.as_deref(),
         ]
     }
 
@@ -102,10 +137,31 @@ impl Filter {
         self.values().iter().all(Option::is_none)
     }
 
-    /// `$1`..`$6` of the filtered statements.
+    /// `$1`..`$8` of the filtered statements: the fields, then a word every error of the cause
+    /// contains (see [`Filter::cause_word`]).
     fn params(&self) -> Vec<Option<&str>> {
-        self.values().to_vec()
+        let mut params = self.values().to_vec();
+        params.push(self.cause.as_deref().map(cause_word));
+        params
     }
+}
+
+/// The longest word of `cause` outside its placeholders (`error_cause.sql`: `<id>`, `<n>`,
+/// `"..."`, white space made one space): a substring of every error text of that cause, which the
+/// filter searches for before it computes a row's cause. Empty when the cause has none.
+pub(crate) fn cause_word(cause: &str) -> &str {
+    let words: Vec<&str> = cause.split(['<', '>', '"', ' ']).collect();
+    // A cause cut at its 300 characters may end inside a placeholder (`<i`): not a word.
+    let whole = match cause.chars().count() >= 300 {
+        true => &words[..words.len().saturating_sub(1)],
+        false => &words[..],
+    };
+    whole
+        .iter()
+        .filter(|w| !matches!(**w, "id" | "n" | "..."))
+        .max_by_key(|w| w.len())
+        .copied()
+        .unwrap_or("")
 }
 
 /// One row of the dead-letter list.
@@ -143,7 +199,7 @@ pub(crate) async fn page<C: GenericClient + Sync>(
 ) -> Result<Vec<ListedDeadLetter>> {
     let values = filter.params();
     let rest: [(&(dyn ToSql + Sync), Type); 2] = [(&after, Type::INT8), (&limit, Type::INT8)];
-    let rows = client.query_typed(PAGE, &typed(&values, &rest)).await?;
+    let rows = client.query_typed(&PAGE, &typed(&values, &rest)).await?;
     rows.iter()
         .map(|r| {
             Ok(ListedDeadLetter {
@@ -167,7 +223,7 @@ pub(crate) async fn count<C: GenericClient + Sync>(
     filter: &Filter,
 ) -> Result<(i64, Option<i64>)> {
     let values = filter.params();
-    let row = client.query_typed_one(COUNT, &typed(&values, &[])).await?;
+    let row = client.query_typed_one(&COUNT, &typed(&values, &[])).await?;
     Ok((row.try_get("matching")?, row.try_get("upto")?))
 }
 
@@ -185,10 +241,47 @@ pub(crate) async fn batch<C: GenericClient + Sync>(
         (&upto, Type::INT8),
         (&limit, Type::INT8),
     ];
-    let rows = client.query_typed(BATCH, &typed(&values, &rest)).await?;
+    let rows = client.query_typed(&BATCH, &typed(&values, &rest)).await?;
     rows.iter()
         .map(|r| Ok((r.try_get("id")?, r.try_get("seq")?)))
         .collect()
+}
+
+/// Dead letters of one cause (see [`causes`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Cause {
+    /// The error text without what varies (`error_cause.sql`); empty without any.
+    pub(crate) cause: String,
+    pub(crate) dead_letters: i64,
+    pub(crate) first_seen: Timestamp,
+    pub(crate) last_seen: Timestamp,
+}
+
+/// The dead letters matching `filter` by cause, most frequent first, at most `limit` causes, among
+/// at most `looked` dead letters; and how many were looked at (below `looked`: every match).
+pub(crate) async fn causes<C: GenericClient + Sync>(
+    client: &C,
+    filter: &Filter,
+    looked: i64,
+    limit: i64,
+) -> Result<(Vec<Cause>, i64)> {
+    let values = filter.params();
+    let rest: [(&(dyn ToSql + Sync), Type); 2] = [(&looked, Type::INT8), (&limit, Type::INT8)];
+    let rows = client.query_typed(&CAUSES, &typed(&values, &rest)).await?;
+    let mut looked_at = 0;
+    let causes = rows
+        .iter()
+        .map(|r| {
+            looked_at = r.try_get("looked_at")?;
+            Ok(Cause {
+                cause: r.try_get("cause")?,
+                dead_letters: r.try_get("dead_letters")?,
+                first_seen: r.try_get("first_seen")?,
+                last_seen: r.try_get("last_seen")?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((causes, looked_at))
 }
 
 /// One event as the detail view shows it.
@@ -323,6 +416,20 @@ pub(crate) async fn relays<C: GenericClient + Sync>(client: &C) -> Result<Vec<Re
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_word_searched_for_is_the_causes_longest_outside_its_placeholders() {
+        use super::cause_word;
+        let cause = r#"message <id> of <n> bytes is over the server's max_payload (<n>) for "...""#;
+        assert_eq!(cause_word(cause), "max_payload");
+        assert_eq!(cause_word("<n> <id>"), "");
+        assert_eq!(cause_word(""), "");
+        assert_eq!(cause_word("utf<n>: bad byte"), "byte");
+        let cut = format!("{} <i", "a".repeat(296));
+        assert_eq!(cause_word(&cut), "a".repeat(296));
+        let cut = format!("{} <i", "ab ".repeat(99));
+        assert_eq!(cause_word(&cut), "ab", "not the cut placeholder");
+    }
+
     use super::*;
 
     #[test]

@@ -151,23 +151,36 @@ async fn list(
     let limit = app.config.page_size;
     let result = async {
         let (mut client, _permit) = app.client().await?;
-        actions::page(
+        let rows = actions::page(
             &mut client,
             app.schema(),
             &filter,
             after.unwrap_or(i64::MIN),
             limit + 1,
         )
-        .await
+        .await?;
+        // The causes atop the first page only.
+        let causes = match after {
+            None => Some(actions::causes(&mut client, app.schema(), &filter).await?),
+            Some(_) => None,
+        };
+        Ok::<_, Error>((rows, causes))
     }
     .await;
     match result {
-        Ok(mut rows) => {
+        Ok((mut rows, causes)) => {
             let more = rows.len() as i64 > limit;
             rows.truncate(limit as usize);
             let next = more.then(|| rows.last().map(|r| r.seq)).flatten();
-            pages::dead_letters(&app, &who, &filter, &rows, next, after.is_none(), &notice)
-                .into_response()
+            let page = pages::ListPage {
+                filter: &filter,
+                rows: &rows,
+                causes: causes.as_ref(),
+                next_after: next,
+                first_page: after.is_none(),
+                notice: &notice,
+            };
+            pages::dead_letters(&app, &who, &page).into_response()
         }
         Err(e) => fail(&app, &who, &e),
     }

@@ -698,13 +698,7 @@ async fn a_confirmed_bulk_retry_clears_10000_and_the_relay_keeps_aggregate_order
             ],
         )
         .await;
-    assert_eq!(ask.status, 200, "{}", ask.body);
-    assert!(
-        ask.body
-            .contains(r#"<strong id="confirm-count">10,000</strong>"#),
-        "{}",
-        ask.body
-    );
+    asks_to_confirm(&ask, "10,000");
     assert_eq!(
         env.count("dead_lettered_at IS NOT NULL").await,
         10_020,
@@ -1098,13 +1092,7 @@ async fn the_relay_role_is_enough_in_a_schema_of_its_own() {
             &[("action", "discard"), ("aggregate_type", "order")],
         )
         .await;
-    assert_eq!(res.status, 200, "{}", res.body);
-    assert!(
-        res.body
-            .contains(r#"<strong id="confirm-count">2</strong>"#),
-        "{}",
-        res.body
-    );
+    asks_to_confirm(&res, "2");
     let upto = field(&res.body, "upto").expect("upto");
     let res = console
         .post(
@@ -1121,12 +1109,7 @@ async fn the_relay_role_is_enough_in_a_schema_of_its_own() {
         .await;
     assert_eq!(res.status, 303, "{}", res.body);
     let job = res.header("location").expect("job").to_string();
-    wait_until("the discard done", Duration::from_secs(30), || async {
-        let page = console.get(&job, &auth).await;
-        assert!(!page.body.contains("Failed"), "{}", page.body);
-        page.body.contains("Done: 2 dead letters discarded")
-    })
-    .await;
+    job_done(&console, &job, &auth, "Done: 2 dead letters discarded").await;
     let states: Vec<(bool, bool)> = admin
         .query(
             "SELECT dead_lettered_at IS NULL, discarded_at IS NOT NULL FROM ops_console.outbox_events ORDER BY seq",
@@ -1301,13 +1284,7 @@ async fn the_selected_dead_letters_are_retried_after_confirming() {
             ],
         )
         .await;
-    assert_eq!(ask.status, 200, "{}", ask.body);
-    assert!(
-        ask.body
-            .contains(r#"<strong id="confirm-count">2</strong>"#),
-        "{}",
-        ask.body
-    );
+    asks_to_confirm(&ask, "2");
     assert!(
         is_dead(&client, a).await && is_dead(&client, c).await,
         "asking changes nothing"
@@ -1643,4 +1620,153 @@ fn grouped(n: u64) -> String {
         out.push(c);
     }
     out
+}
+
+/// Dead letters whose errors differ only in ids, numbers and quoted names count as one cause, on
+/// the overview and atop the list, each with its count and a link that filters the list to it;
+/// a bulk action with that filter takes that cause's dead letters and no other.
+#[tokio::test]
+async fn dead_letters_are_grouped_by_cause_and_a_group_is_discarded_whole() {
+    let db = shared_pg().create_migrated_database().await;
+    let client = testkit::pg_client(&db).await;
+    let mut too_large = Vec::new();
+    for (i, size) in [1_048_577, 2_000_000, 5_242_880].iter().enumerate() {
+        let error = format!(
+            "message {} of {size} bytes is over the server's max_payload (1048576) for \"orders.{i}\"",
+            Uuid::new_v4()
+        );
+        too_large
+            .push(dead_letter(&client, &format!("big-{i}"), "order.created", "{}", &error).await);
+    }
+    let mut bad_headers = Vec::new();
+    for i in 0..2 {
+        let error = format!("headers of event #{i}: found an array, expected an object");
+        bad_headers
+            .push(dead_letter(&client, &format!("hdr-{i}"), "order.created", "{}", &error).await);
+    }
+    let console = Console::start(&db, |_| {}).await;
+    let (cookie, csrf) = console.session().await;
+    let auth = [("cookie", cookie.as_str())];
+    let big = "message &lt;id&gt; of &lt;n&gt; bytes is over the server&#39;s max_payload (&lt;n&gt;) for &quot;...&quot;";
+    let hdr = "headers of event #&lt;n&gt;: found an array, expected an object";
+
+    let overview = console.get("/", &auth).await;
+    assert_eq!(overview.status, 200, "{}", overview.body);
+    let causes = section(&overview.body, r#"<table id="causes">"#);
+    assert_eq!(
+        causes.matches("<tr>").count(),
+        3,
+        "a header and two causes: {causes}"
+    );
+    let first = &causes[causes.find(big).expect(&causes)..];
+    assert!(first.contains(r#"<td class="n">3</td>"#), "{causes}");
+    let second = &causes[causes.find(hdr).expect(&causes)..];
+    assert!(second.contains(r#"<td class="n">2</td>"#), "{causes}");
+    assert!(
+        causes.find(big) < causes.find(hdr),
+        "most frequent first: {causes}"
+    );
+
+    // The cause's link (as the page writes it) filters the list to its three.
+    let list = console.get("/dead-letters", &auth).await;
+    let causes = section(&list.body, r#"<table id="list-causes">"#);
+    let href = causes
+        .split(r#"<a class="cause" href=""#)
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect(&causes)
+        .replace("&amp;", "&");
+    let filtered = console.get(&href, &auth).await;
+    assert_eq!(filtered.status, 200, "{}", filtered.body);
+    let rows = section(&filtered.body, r#"<table id="dead-letter-list">"#);
+    for id in &too_large {
+        assert!(rows.contains(&id.to_string()), "{id}: {rows}");
+    }
+    for id in &bad_headers {
+        assert!(!rows.contains(&id.to_string()), "{id}: {rows}");
+    }
+    let cause = field(&filtered.body, "cause")
+        .map(|v| unescape(&v))
+        .expect("the cause kept in the bulk form");
+    assert_eq!(
+        cause,
+        "message <id> of <n> bytes is over the server's max_payload (<n>) for \"...\""
+    );
+
+    // Discard that cause, confirmed with its count.
+    let origin = console.origin();
+    let headers = [("cookie", cookie.as_str()), ("origin", origin.as_str())];
+    let ask = console
+        .post(
+            "/dead-letters/bulk",
+            &headers,
+            &[("csrf", &csrf), ("action", "discard"), ("cause", &cause)],
+        )
+        .await;
+    asks_to_confirm(&ask, "3");
+    let (upto, expected) = (
+        field(&ask.body, "upto").expect("upto"),
+        field(&ask.body, "expected").expect("expected"),
+    );
+    let go = console
+        .post(
+            "/dead-letters/bulk",
+            &headers,
+            &[
+                ("csrf", &csrf),
+                ("action", "discard"),
+                ("confirm", "yes"),
+                ("cause", &cause),
+                ("upto", &upto),
+                ("expected", &expected),
+            ],
+        )
+        .await;
+    assert_eq!(go.status, 303, "{}", go.body);
+    let job = go.header("location").expect("the job page").to_string();
+    job_done(&console, &job, &auth, "Done: 3 dead letters discarded").await;
+    for id in &too_large {
+        assert!(!is_dead(&client, *id).await, "{id} discarded");
+    }
+    for id in &bad_headers {
+        assert!(is_dead(&client, *id).await, "{id} of the other cause stays");
+    }
+    let overview = console.get("/", &auth).await;
+    let causes = section(&overview.body, r#"<table id="causes">"#);
+    assert!(!causes.contains(big) && causes.contains(hdr), "{causes}");
+}
+
+/// `res` is the page that asks to confirm an action on `count` dead letters.
+fn asks_to_confirm(res: &Response, count: &str) {
+    assert_eq!(res.status, 200, "{}", res.body);
+    let shown = format!(r#"<strong id="confirm-count">{count}</strong>"#);
+    assert!(res.body.contains(&shown), "{}", res.body);
+}
+
+/// Waits (up to 30 s) for the job page `job` to say `done`; a failure on it fails the test.
+async fn job_done(console: &Console, job: &str, auth: &[(&str, &str)], done: &str) {
+    wait_until(done, Duration::from_secs(30), || async {
+        let page = console.get(job, auth).await;
+        assert!(!page.body.contains("Failed"), "{}", page.body);
+        page.body.contains(done)
+    })
+    .await;
+}
+
+/// HTML text as it reads.
+fn unescape(html: &str) -> String {
+    html.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&#39;", "'")
+        .replace("&amp;", "&")
+}
+
+/// The part of `html` from `start` to the end of its table.
+fn section(html: &str, start: &str) -> String {
+    let from = html
+        .find(start)
+        .unwrap_or_else(|| panic!("no {start} in {html}"));
+    let rest = &html[from..];
+    rest[..rest.find("</table>").map_or(rest.len(), |e| e + 8)].to_string()
 }

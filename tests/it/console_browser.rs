@@ -174,6 +174,7 @@ async fn an_operator_works_through_the_console_in_a_browser() {
     wait_text(c, "#blocked", "order / A-1").await;
     wait_text(c, "#blocked", "publish timed out: no ack").await;
     wait_text(c, "#relays", "outbox-relay").await;
+    wait_text(c, "#causes", "stream refused: maximum payload exceeded").await;
     c.find(Locator::Css("#chart")).await.expect("the chart");
     assert_no_script_ran(c).await;
     screenshot(c, "console-overview.png").await;
@@ -226,10 +227,16 @@ async fn an_operator_works_through_the_console_in_a_browser() {
         "then its followers, in order"
     );
 
-    // Bulk-discard every dead letter whose error says "maximum payload", after confirming.
+    // Bulk-discard every dead letter of the most frequent cause, through its link, after
+    // confirming.
     c.goto(&format!("{base}/dead-letters")).await.expect("goto");
-    type_into(c, "#f-error", "maximum payload").await;
-    click(c, "#apply-filter").await;
+    wait_text(
+        c,
+        "#list-causes",
+        "stream refused: maximum payload exceeded",
+    )
+    .await;
+    click(c, "#list-causes a.cause").await;
     wait_until("the filtered list", Duration::from_secs(20), || async {
         try_text(c, "#dead-letter-list")
             .await
