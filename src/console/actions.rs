@@ -44,6 +44,8 @@ pub(crate) struct Overview {
     /// The most frequent causes of the dead letters, and how many dead letters they were counted
     /// among.
     pub(crate) causes: (Vec<Cause>, i64),
+    /// The database's clock (for the ages shown).
+    pub(crate) now: crate::timestamp::Timestamp,
 }
 
 /// The overview, read in one transaction.
@@ -57,24 +59,26 @@ pub(crate) async fn overview(client: &mut Client, schema: Option<&str>) -> Resul
         per_minute: queries::per_minute(&tx).await?,
         relays: queries::relays(&tx).await?,
         causes: queries::causes(&tx, &Filter::default(), CAUSES_LOOKED, CAUSES_ON_OVERVIEW).await?,
+        now: queries::db_now(&tx).await?,
     };
     tx.commit().await?;
     Ok(overview)
 }
 
-/// One page of the dead-letter list.
+/// One page of the dead-letter list, and the database's clock.
 pub(crate) async fn page(
     client: &mut Client,
     schema: Option<&str>,
     filter: &Filter,
     after: i64,
     limit: i64,
-) -> Result<Vec<ListedDeadLetter>> {
+) -> Result<(Vec<ListedDeadLetter>, crate::timestamp::Timestamp)> {
     let mut outbox = outbox(client, schema)?;
     let tx = outbox.checked_transaction().await?;
     let rows = queries::page(&tx, filter, after, limit).await?;
+    let now = queries::db_now(&tx).await?;
     tx.commit().await?;
-    Ok(rows)
+    Ok((rows, now))
 }
 
 /// The causes of the dead letters matching `filter` (see [`queries::causes`]).

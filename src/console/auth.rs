@@ -231,7 +231,8 @@ pub(crate) async fn guard(State(app): State<Arc<App>>, req: Request, next: Next)
     let headers = req.headers().clone();
     let path = req.uri().path().to_string();
 
-    if path == "/login" {
+    // The login form, and the stylesheet that styles it (it holds no secret): without a session.
+    if path == "/login" || (path == "/static/console.css" && req.method() == Method::GET) {
         return next.run(req).await;
     }
 

@@ -36,6 +36,9 @@ form.filter label{display:flex;flex-direction:column;font-size:.85em}
 .actions{display:flex;gap:.6em;margin:.6em 0}button{cursor:pointer}
 button.danger{background:#b3261e;color:#fff;border:0;padding:.35em .9em}
 .bar{fill:#3d6fd6}.axis{stroke:#99a}svg text{font-size:10px;fill:#556}
+.login{max-width:26em;margin:12vh auto;background:#fff;border:1px solid #dde1e7;padding:1.2em 1.6em}
+.login label{display:flex;flex-direction:column;gap:.3em;margin:.6em 0}.login input{padding:.4em}
+.age{color:#667;font-size:.85em}.big{background:#fff8e1;border:1px solid #e8cf7a;padding:.4em .8em}
 ";
 
 /// `s` as HTML text (content or attribute value): markup and quotes escaped, control characters
@@ -82,6 +85,28 @@ fn ts(t: &Timestamp) -> String {
 
 fn opt_ts(t: Option<&Timestamp>) -> String {
     t.map(ts).unwrap_or_else(|| "–".into())
+}
+
+/// `t` as its exact UTC time and how long ago that was by the database's clock (`now`).
+fn when(t: &Timestamp, now: &Timestamp) -> String {
+    let exact = ts(t);
+    let (Some(t), Some(now)) = (t.system_time(), now.system_time()) else {
+        return exact;
+    };
+    match now.duration_since(t) {
+        Ok(ago) => format!(
+            r#"{exact} <span class="age">{} ago</span>"#,
+            age(ago.as_secs_f64())
+        ),
+        Err(ahead) => format!(
+            r#"{exact} <span class="age">in {}</span>"#,
+            age(ahead.duration().as_secs_f64())
+        ),
+    }
+}
+
+fn opt_when(t: Option<&Timestamp>, now: &Timestamp) -> String {
+    t.map(|t| when(t, now)).unwrap_or_else(|| "–".into())
 }
 
 fn age(seconds: f64) -> String {
@@ -156,13 +181,12 @@ fn layout(
         let _ = write!(out, r#"<meta http-equiv="refresh" content="{s}">"#);
     }
     let _ = write!(out, r#"<title>{} · outbox console</title>"#, esc(title));
-    if who.is_some() {
-        let _ = write!(
-            out,
-            r#"<link rel="stylesheet" href="{}">"#,
-            esc(&app.href("/static/console.css"))
-        );
-    }
+    // Every page, the login and the refusals too (the stylesheet is served without a session).
+    let _ = write!(
+        out,
+        r#"<link rel="stylesheet" href="{}">"#,
+        esc(&app.href("/static/console.css"))
+    );
     out.push_str("</head><body>");
     if let Some(who) = who {
         let _ = write!(
@@ -195,7 +219,7 @@ fn layout(
 /// The login form (what a request without the token gets, with its 401).
 pub(crate) fn login(app: &App, wrong: bool) -> Html<String> {
     let body = format!(
-        r#"<h1>outbox console</h1>{}<form method="post" action="{}"><label>Token <input type="password" name="token" id="token" autocomplete="current-password" autofocus required></label> <button id="login">Log in</button></form>"#,
+        r#"<div class="login"><h1>outbox console</h1>{}<form method="post" action="{}"><label>Token <input type="password" name="token" id="token" autocomplete="current-password" autofocus required></label> <button id="login">Log in</button></form></div>"#,
         if wrong {
             r#"<p class="problem">Wrong token.</p>"#
         } else {
@@ -322,7 +346,7 @@ pub(crate) fn overview(app: &App, who: &Identity, o: &Overview) -> Html<String> 
                 esc(&app.href(&format!("/dead-letters/{}", a.event_id))),
                 esc(&a.event_type),
                 esc(a.last_error.as_deref().unwrap_or("")),
-                ts(&a.dead_lettered_at),
+                when(&a.dead_lettered_at, &o.now),
                 num(a.waiting_events)
             );
         }
@@ -347,7 +371,13 @@ pub(crate) fn overview(app: &App, who: &Identity, o: &Overview) -> Html<String> 
 
     if !o.causes.0.is_empty() {
         b.push_str("<h2>Dead letters by cause</h2>");
-        b.push_str(&causes_table(app, "causes", &Filter::default(), &o.causes));
+        b.push_str(&causes_table(
+            app,
+            "causes",
+            &Filter::default(),
+            &o.causes,
+            &o.now,
+        ));
     }
 
     b.push_str("<h2>Relays connected</h2>");
@@ -398,7 +428,13 @@ pub(crate) fn overview(app: &App, who: &Identity, o: &Overview) -> Html<String> 
 
 /// Dead letters by cause (`id`: the table's), each linking to the list filtered to it; `filter`:
 /// the list's, which the links keep. Says when the count stopped at [`CAUSES_LOOKED`].
-fn causes_table(app: &App, id: &str, filter: &Filter, causes: &(Vec<Cause>, i64)) -> String {
+fn causes_table(
+    app: &App,
+    id: &str,
+    filter: &Filter,
+    causes: &(Vec<Cause>, i64),
+    now: &Timestamp,
+) -> String {
     let (causes, looked_at) = causes;
     if causes.is_empty() {
         return String::new();
@@ -425,8 +461,8 @@ fn causes_table(app: &App, id: &str, filter: &Filter, causes: &(Vec<Cause>, i64)
             esc(&query(&pairs)),
             esc(shown),
             num(c.dead_letters),
-            ts(&c.first_seen),
-            ts(&c.last_seen)
+            when(&c.first_seen, now),
+            when(&c.last_seen, now)
         );
     }
     b.push_str("</table>");
@@ -503,6 +539,8 @@ pub(crate) struct ListPage<'a> {
     pub(crate) next_after: Option<i64>,
     pub(crate) first_page: bool,
     pub(crate) notice: &'a str,
+    /// The database's clock (for the ages).
+    pub(crate) now: &'a Timestamp,
 }
 
 /// The dead-letter list: filter, the causes, a page of rows with their checkboxes, actions, next
@@ -515,13 +553,14 @@ pub(crate) fn dead_letters(app: &App, who: &Identity, page: &ListPage) -> Html<S
         next_after,
         first_page,
         notice,
+        now,
     } = *page;
     let mut b = String::from("<h1>Dead letters</h1>");
     b.push_str(notice);
     b.push_str(&filter_form(app, filter));
     if let Some(causes) = causes.filter(|c| !c.0.is_empty()) {
         b.push_str("<h2>By cause</h2>");
-        b.push_str(&causes_table(app, "list-causes", filter, causes));
+        b.push_str(&causes_table(app, "list-causes", filter, causes, now));
     }
     let actions = !app.config.read_only;
     if actions {
@@ -568,8 +607,8 @@ pub(crate) fn dead_letters(app: &App, who: &Identity, page: &ListPage) -> Html<S
                 esc(&r.aggregate_id),
                 esc(r.last_error.as_deref().unwrap_or("")),
                 r.attempts,
-                ts(&r.created_at),
-                ts(&r.dead_lettered_at)
+                when(&r.created_at, now),
+                when(&r.dead_lettered_at, now)
             );
         }
         b.push_str("</table>");
@@ -599,6 +638,22 @@ pub(crate) fn dead_letters(app: &App, who: &Identity, page: &ListPage) -> Html<S
         let _ = write!(b, "<p>{}</p>", nav.join(" · "));
     }
     layout(app, Some(who), "Dead letters", None, &b)
+}
+
+/// The most of a payload the detail view shows (pretty-printed bytes): a bigger one is cut there,
+/// with its size and a link to the whole of it, so that a 100 MB payload makes no 100 MB page.
+pub(crate) const PAYLOAD_SHOWN: usize = 64 * 1024;
+
+/// The first `max` bytes of `s`, cut at a character's boundary.
+fn head(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 /// One event: everything it holds, its state, and the events of its aggregate waiting behind it.
@@ -642,11 +697,14 @@ pub(crate) fn detail(
             esc(d.last_error.as_deref().unwrap_or(""))
         ),
     );
-    row("Created", ts(&d.created_at));
-    row("Dead-lettered", opt_ts(d.dead_lettered_at.as_ref()));
-    row("Retry after", opt_ts(d.retry_after.as_ref()));
-    row("Processed", opt_ts(d.processed_at.as_ref()));
-    row("Discarded", opt_ts(d.discarded_at.as_ref()));
+    row("Created", when(&d.created_at, &d.now));
+    row(
+        "Dead-lettered",
+        opt_when(d.dead_lettered_at.as_ref(), &d.now),
+    );
+    row("Retry after", opt_when(d.retry_after.as_ref(), &d.now));
+    row("Processed", opt_when(d.processed_at.as_ref(), &d.now));
+    row("Discarded", opt_when(d.discarded_at.as_ref(), &d.now));
     b.push_str("</table>");
     if dead && !app.config.read_only {
         let _ = write!(
@@ -658,10 +716,21 @@ pub(crate) fn detail(
             csrf_field(who)
         );
     }
+    b.push_str("<h2>Payload</h2>");
+    let shown = head(&d.payload, PAYLOAD_SHOWN);
+    if shown.len() < d.payload.len() {
+        let _ = write!(
+            b,
+            r#"<p class="big" id="payload-size">The payload is {} pretty-printed: below, its first {}. <a id="payload-whole" href="{}">The whole payload</a> (a JSON download).</p>"#,
+            bytes(d.payload.len() as f64),
+            bytes(PAYLOAD_SHOWN as f64),
+            esc(&app.href(&format!("/dead-letters/{}/payload", d.id)))
+        );
+    }
     let _ = write!(
         b,
-        r#"<h2>Payload</h2><pre id="payload">{}</pre><h2>Headers</h2><pre id="headers">{}</pre>"#,
-        esc(&d.payload),
+        r#"<pre id="payload">{}</pre><h2>Headers</h2><pre id="headers">{}</pre>"#,
+        esc(shown),
         esc(d.headers.as_deref().unwrap_or("none"))
     );
     let _ = write!(

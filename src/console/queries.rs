@@ -32,6 +32,7 @@ static CAUSES: LazyLock<String> = LazyLock::new(|| {
     ))
 });
 const FILTER: &str = include_str!("../../sql/queries/console/dead_letter_filter.sql");
+const CLOCK: &str = include_str!("../../sql/queries/clock/clock.sql");
 const CAUSE: &str = include_str!("../../sql/queries/console/error_cause.sql");
 
 /// A statement with the list's filter and the cause expression spliced in (one definition of
@@ -284,6 +285,12 @@ pub(crate) async fn causes<C: GenericClient + Sync>(
     Ok((causes, looked_at))
 }
 
+/// The database's clock: what the pages' ages ("3 min ago") are counted from, never this
+/// machine's (which may be minutes off).
+pub(crate) async fn db_now<C: GenericClient + Sync>(client: &C) -> Result<Timestamp> {
+    Ok(client.query_typed_one(CLOCK, &[]).await?.try_get(0)?)
+}
+
 /// One event as the detail view shows it.
 #[derive(Debug, Clone)]
 pub(crate) struct Detail {
@@ -301,6 +308,8 @@ pub(crate) struct Detail {
     pub(crate) retry_after: Option<Timestamp>,
     pub(crate) processed_at: Option<Timestamp>,
     pub(crate) discarded_at: Option<Timestamp>,
+    /// The database's clock when it was read (for the ages).
+    pub(crate) now: Timestamp,
 }
 
 /// The event `id`, if there is one.
@@ -325,6 +334,7 @@ pub(crate) async fn detail<C: GenericClient + Sync>(
             retry_after: r.try_get("retry_after")?,
             processed_at: r.try_get("processed_at")?,
             discarded_at: r.try_get("discarded_at")?,
+            now: r.try_get("now")?,
         })
     })
     .transpose()

@@ -31,6 +31,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/dead-letters/selected", post(selected))
         .route("/dead-letters/bulk", post(bulk_action))
         .route("/dead-letters/{id}", get(detail))
+        .route("/dead-letters/{id}/payload", get(download))
         .route("/dead-letters/{id}/{action}", post(one))
         .route("/jobs/{id}", get(job))
         .route("/login", get(auth::login_form).post(auth::login))
@@ -168,7 +169,7 @@ async fn list(
     }
     .await;
     match result {
-        Ok((mut rows, causes)) => {
+        Ok(((mut rows, now), causes)) => {
             let more = rows.len() as i64 > limit;
             rows.truncate(limit as usize);
             let next = more.then(|| rows.last().map(|r| r.seq)).flatten();
@@ -179,6 +180,7 @@ async fn list(
                 next_after: next,
                 first_page: after.is_none(),
                 notice: &notice,
+                now: &now,
             };
             pages::dead_letters(&app, &who, &page).into_response()
         }
@@ -261,6 +263,42 @@ async fn one(
             Redirect::to(&app.href(&format!("/dead-letters/{id}?done={}&n={n}", action.name())))
                 .into_response()
         }
+        Err(e) => fail(&app, &who, &e),
+    }
+}
+
+/// GET /dead-letters/{id}/payload: the event's whole payload as a JSON download (the detail view
+/// shows the first [`pages::PAYLOAD_SHOWN`] bytes of a bigger one).
+async fn download(
+    State(app): State<Arc<App>>,
+    Extension(who): Extension<Identity>,
+    Path(id): Path<String>,
+) -> Response {
+    let Ok(id) = Uuid::parse_str(&id) else {
+        return bad_request(&app, &who, "not an event id");
+    };
+    let result = async {
+        let (mut client, _permit) = app.client().await?;
+        actions::detail(&mut client, app.schema(), id).await
+    }
+    .await;
+    match result {
+        Ok(Some((d, _, _))) => (
+            [
+                (header::CONTENT_TYPE, "application/json".to_string()),
+                (
+                    header::CONTENT_DISPOSITION,
+                    format!("attachment; filename=\"{id}.json\""),
+                ),
+            ],
+            d.payload,
+        )
+            .into_response(),
+        Ok(None) => (
+            StatusCode::NOT_FOUND,
+            pages::error(&app, &who, StatusCode::NOT_FOUND, "no such event"),
+        )
+            .into_response(),
         Err(e) => fail(&app, &who, &e),
     }
 }

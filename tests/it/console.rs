@@ -231,14 +231,7 @@ async fn without_the_token_every_request_gets_401_and_nothing_else() {
     let console = Console::start(&db, |_| {}).await;
     let origin = console.origin();
     let detail = format!("/dead-letters/{id}");
-    for path in [
-        "/",
-        "/dead-letters",
-        detail.as_str(),
-        "/static/console.css",
-        "/jobs/x",
-        "/nowhere",
-    ] {
+    for path in ["/", "/dead-letters", detail.as_str(), "/jobs/x", "/nowhere"] {
         let res = console.get(path, &[]).await;
         assert_eq!(res.status, 401, "GET {path}");
         assert_strict_headers(&res);
@@ -266,6 +259,19 @@ async fn without_the_token_every_request_gets_401_and_nothing_else() {
         )
         .await;
     assert_eq!(res.status, 401);
+    // The login form is styled: its stylesheet (the same for everyone, no secret in it) is the
+    // one thing served without the token.
+    assert!(res
+        .body
+        .contains(r#"<link rel="stylesheet" href="/static/console.css">"#));
+    let css = console.get("/static/console.css", &[]).await;
+    assert_eq!(css.status, 200);
+    assert_eq!(css.header("content-type"), Some("text/css; charset=utf-8"));
+    assert!(css.body.contains(".login{"), "{}", css.body);
+    let post = console
+        .post("/static/console.css", &[("origin", &origin)], &[])
+        .await;
+    assert_eq!(post.status, 401, "a GET only");
     let retry = format!("/dead-letters/{id}/retry");
     let res = console.post(&retry, &[("origin", &origin)], &[]).await;
     assert_eq!(res.status, 401);
@@ -1769,4 +1775,105 @@ fn section(html: &str, start: &str) -> String {
         .unwrap_or_else(|| panic!("no {start} in {html}"));
     let rest = &html[from..];
     rest[..rest.find("</table>").map_or(rest.len(), |e| e + 8)].to_string()
+}
+
+/// A payload over 64 KiB (pretty-printed) is shown cut, with its size and a link to the whole of
+/// it, which downloads as JSON; a small one is shown whole, without the notice.
+#[tokio::test]
+async fn a_big_payload_is_shown_cut_with_a_link_to_the_whole() {
+    let db = shared_pg().create_migrated_database().await;
+    let client = testkit::pg_client(&db).await;
+    let lines: Vec<String> = (0..20_000).map(|i| format!("line {i}")).collect();
+    let big = serde_json::json!({ "lines": lines }).to_string();
+    let id = dead_letter(&client, "big", "order.created", &big, "too large").await;
+    let small = dead_letter(&client, "small", "order.created", r#"{"a": 1}"#, "x").await;
+    let console = Console::start(&db, |_| {}).await;
+    let cookie = console.login().await;
+    let auth = [("cookie", cookie.as_str())];
+
+    let page = console.get(&format!("/dead-letters/{id}"), &auth).await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(
+        page.body.len() < 100_000,
+        "a page of {} bytes",
+        page.body.len()
+    );
+    assert!(page.body.contains(r#"id="payload-size""#), "{}", page.body);
+    assert!(
+        page.body.contains("&quot;line 0&quot;"),
+        "its start is shown"
+    );
+    assert!(!page.body.contains("&quot;line 19999&quot;"), "not its end");
+    let href = format!("/dead-letters/{id}/payload");
+    assert!(
+        page.body
+            .contains(&format!(r#"<a id="payload-whole" href="{href}">"#)),
+        "{}",
+        page.body
+    );
+
+    let whole = console.get(&href, &auth).await;
+    assert_eq!(whole.status, 200, "{}", whole.body);
+    assert_eq!(whole.header("content-type"), Some("application/json"));
+    assert_eq!(
+        whole.header("content-disposition"),
+        Some(format!(r#"attachment; filename="{id}.json""#).as_str())
+    );
+    assert_eq!(whole.header("x-content-type-options"), Some("nosniff"));
+    let got: serde_json::Value = serde_json::from_str(&whole.body).expect("JSON");
+    let written: serde_json::Value = serde_json::from_str(&big).expect("JSON");
+    assert_eq!(got, written, "the whole payload");
+
+    let page = console.get(&format!("/dead-letters/{small}"), &auth).await;
+    assert!(!page.body.contains("payload-size"), "{}", page.body);
+    assert_eq!(console.get(&href, &[]).await.status, 401, "the token first");
+    let other = console
+        .get(&format!("/dead-letters/{id}/retry"), &auth)
+        .await;
+    assert_eq!(other.status, 405, "only the payload is a GET");
+}
+
+/// Times read with their age by the database's clock ("3 min ago") beside the exact UTC time, in
+/// the list, the detail view and the overview.
+#[tokio::test]
+async fn times_show_how_long_ago_they_were() {
+    let db = shared_pg().create_migrated_database().await;
+    let client = testkit::pg_client(&db).await;
+    let id = dead_letter(&client, "aged", "order.failed", "{}", "boom").await;
+    followers(&client, "aged", 1).await;
+    client
+        .execute(
+            "UPDATE outbox_events SET created_at = now() - interval '2 hours 5 minutes',
+                                      dead_lettered_at = now() - interval '3 minutes 10 seconds'
+             WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .expect("age the dead letter");
+    let console = Console::start(&db, |_| {}).await;
+    let cookie = console.login().await;
+    let auth = [("cookie", cookie.as_str())];
+    let list = console.get("/dead-letters", &auth).await;
+    let rows = section(&list.body, r#"<table id="dead-letter-list">"#);
+    for age in ["2 h ago", "3 min ago"] {
+        assert!(
+            rows.contains(&format!(r#"<span class="age">{age}</span>"#)),
+            "{age}: {rows}"
+        );
+    }
+    let detail = console.get(&format!("/dead-letters/{id}"), &auth).await;
+    let event = section(&detail.body, r#"<table id="event">"#);
+    assert!(
+        event.contains("Z <span class=\"age\">2 h ago</span>"),
+        "{event}"
+    );
+    assert!(
+        event.contains("Z <span class=\"age\">3 min ago</span>"),
+        "{event}"
+    );
+    let overview = console.get("/", &auth).await;
+    let blocked = section(&overview.body, r#"<table id="blocked">"#);
+    assert!(blocked.contains("3 min ago"), "{blocked}");
+    let causes = section(&overview.body, r#"<table id="causes">"#);
+    assert!(causes.contains("3 min ago"), "{causes}");
 }
