@@ -65,20 +65,34 @@ pub(crate) async fn overview(client: &mut Client, schema: Option<&str>) -> Resul
     Ok(overview)
 }
 
-/// One page of the dead-letter list, and the database's clock.
+/// Dead letters the list's total counts at most (more show as "10,000+"); a bulk action counts
+/// them all before it asks to confirm.
+pub(crate) const TOTAL_COUNTED: i64 = 10_000;
+
+/// One page of the dead-letter list.
+pub(crate) struct Listed {
+    pub(crate) rows: Vec<ListedDeadLetter>,
+    /// How many match the filter, counted up to [`TOTAL_COUNTED`] + 1.
+    pub(crate) total: i64,
+    /// The database's clock.
+    pub(crate) now: crate::timestamp::Timestamp,
+}
+
+/// One page of the dead-letter list, with the total and the database's clock.
 pub(crate) async fn page(
     client: &mut Client,
     schema: Option<&str>,
     filter: &Filter,
-    after: i64,
+    from: queries::From,
     limit: i64,
-) -> Result<(Vec<ListedDeadLetter>, crate::timestamp::Timestamp)> {
+) -> Result<Listed> {
     let mut outbox = outbox(client, schema)?;
     let tx = outbox.checked_transaction().await?;
-    let rows = queries::page(&tx, filter, after, limit).await?;
+    let rows = queries::page(&tx, filter, from, limit).await?;
+    let total = queries::total(&tx, filter, TOTAL_COUNTED + 1).await?;
     let now = queries::db_now(&tx).await?;
     tx.commit().await?;
-    Ok((rows, now))
+    Ok(Listed { rows, total, now })
 }
 
 /// The causes of the dead letters matching `filter` (see [`queries::causes`]).

@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::response::Html;
 use uuid::Uuid;
 
-use super::actions::{Action, Overview, BLOCKED_COUNTED, CAUSES_LOOKED};
+use super::actions::{Action, Overview, BLOCKED_COUNTED, CAUSES_LOOKED, TOTAL_COUNTED};
 use super::auth::Identity;
 use super::bulk::JobState;
 use super::queries::{Cause, Detail, Filter, Follower, ListedDeadLetter};
@@ -38,7 +38,7 @@ button.danger{background:#b3261e;color:#fff;border:0;padding:.35em .9em}
 .bar{fill:#3d6fd6}.axis{stroke:#99a}svg text{font-size:10px;fill:#556}
 .login{max-width:26em;margin:12vh auto;background:#fff;border:1px solid #dde1e7;padding:1.2em 1.6em}
 .login label{display:flex;flex-direction:column;gap:.3em;margin:.6em 0}.login input{padding:.4em}
-.age{color:#667;font-size:.85em}.big{background:#fff8e1;border:1px solid #e8cf7a;padding:.4em .8em}
+.age{color:#667;font-size:.85em}input.wrong{border:2px solid #b3261e}.big{background:#fff8e1;border:1px solid #e8cf7a;padding:.4em .8em}
 ";
 
 /// `s` as HTML text (content or attribute value): markup and quotes escaped, control characters
@@ -492,10 +492,15 @@ pub(crate) fn notice(done: Option<Action>, n: Option<u64>) -> String {
     }
 }
 
-fn filter_form(app: &App, filter: &Filter) -> String {
+/// The list's filter form; `wrong`: the field to mark as the one refused.
+fn filter_form(app: &App, filter: &Filter, wrong: Option<&str>) -> String {
     let field = |name: &str, label: &str, value: Option<&str>, kind: &str| {
+        let marked = match wrong == Some(name) {
+            true => r#" class="wrong" aria-invalid="true""#,
+            false => "",
+        };
         format!(
-            r#"<label>{} <input type="{kind}" name="{name}" id="f-{name}" value="{}"></label>"#,
+            r#"<label>{} <input type="{kind}" name="{name}" id="f-{name}" value="{}"{marked}></label>"#,
             esc(label),
             esc(value.unwrap_or(""))
         )
@@ -529,12 +534,41 @@ fn filter_form(app: &App, filter: &Filter) -> String {
     )
 }
 
+/// "Go to an event by its id".
+fn jump_form(app: &App) -> String {
+    format!(
+        r#"<form class="filter" method="get" action="{}" id="jump"><label>Event id <input type="text" name="id" id="f-id" size="38"></label><button id="go">Go</button></form>"#,
+        esc(&app.href("/dead-letters/go"))
+    )
+}
+
+/// The dead-letter list refused for its filter (a 400): the form again, with what was right in it
+/// and `field`, the one that was wrong (left empty), marked.
+pub(crate) fn filter_refused(
+    app: &App,
+    who: &Identity,
+    kept: &Filter,
+    field: &str,
+    message: &str,
+) -> Html<String> {
+    let body = format!(
+        r#"<h1>Dead letters</h1><p class="problem" id="refused">{}</p>{}"#,
+        esc(message),
+        filter_form(app, kept, Some(field))
+    );
+    layout(app, Some(who), "Dead letters", None, &body)
+}
+
 /// What the dead-letter list shows.
 pub(crate) struct ListPage<'a> {
     pub(crate) filter: &'a Filter,
     pub(crate) rows: &'a [ListedDeadLetter],
+    /// How many match, counted up to [`TOTAL_COUNTED`] + 1.
+    pub(crate) total: i64,
     /// The causes of the matching dead letters (first page only).
     pub(crate) causes: Option<&'a (Vec<Cause>, i64)>,
+    /// The seq the previous page ends before, if there is one.
+    pub(crate) prev_before: Option<i64>,
     /// The seq the next page starts after, if there is one.
     pub(crate) next_after: Option<i64>,
     pub(crate) first_page: bool,
@@ -549,7 +583,9 @@ pub(crate) fn dead_letters(app: &App, who: &Identity, page: &ListPage) -> Html<S
     let ListPage {
         filter,
         rows,
+        total,
         causes,
+        prev_before,
         next_after,
         first_page,
         notice,
@@ -557,7 +593,18 @@ pub(crate) fn dead_letters(app: &App, who: &Identity, page: &ListPage) -> Html<S
     } = *page;
     let mut b = String::from("<h1>Dead letters</h1>");
     b.push_str(notice);
-    b.push_str(&filter_form(app, filter));
+    b.push_str(&jump_form(app));
+    b.push_str(&filter_form(app, filter, None));
+    let _ = write!(
+        b,
+        r#"<p id="total"><strong>{}</strong> dead letter{} match{}.</p>"#,
+        match total > TOTAL_COUNTED {
+            true => format!("{}+", num(TOTAL_COUNTED)),
+            false => num(total),
+        },
+        if total == 1 { "" } else { "s" },
+        if total == 1 { "es" } else { "" }
+    );
     if let Some(causes) = causes.filter(|c| !c.0.is_empty()) {
         b.push_str("<h2>By cause</h2>");
         b.push_str(&causes_table(app, "list-causes", filter, causes, now));
@@ -617,22 +664,26 @@ pub(crate) fn dead_letters(app: &App, who: &Identity, page: &ListPage) -> Html<S
         }
     }
     let mut nav = Vec::new();
-    if !first_page {
-        nav.push(format!(
-            r#"<a id="first-page" href="{}{}">First page</a>"#,
-            esc(&app.href("/dead-letters")),
-            esc(&query(&filter.pairs()))
-        ));
-    }
-    if let Some(after) = next_after {
+    let link = |id: &str, label: &str, at: Option<(&str, i64)>| {
         let mut pairs = filter.pairs();
-        let after = after.to_string();
-        pairs.push(("after", &after));
-        nav.push(format!(
-            r#"<a id="next-page" href="{}{}">Next page</a>"#,
+        let seq = at.map(|(_, seq)| seq.to_string());
+        if let (Some((name, _)), Some(seq)) = (at, seq.as_deref()) {
+            pairs.push((name, seq));
+        }
+        format!(
+            r#"<a id="{id}" href="{}{}">{label}</a>"#,
             esc(&app.href("/dead-letters")),
             esc(&query(&pairs))
-        ));
+        )
+    };
+    if !first_page {
+        nav.push(link("first-page", "First page", None));
+    }
+    if let Some(before) = prev_before {
+        nav.push(link("prev-page", "Previous page", Some(("before", before))));
+    }
+    if let Some(after) = next_after {
+        nav.push(link("next-page", "Next page", Some(("after", after))));
     }
     if !nav.is_empty() {
         let _ = write!(b, "<p>{}</p>", nav.join(" · "));

@@ -16,6 +16,16 @@ static PAGE: LazyLock<String> = LazyLock::new(|| {
         "../../sql/queries/console/dead_letters_page.sql"
     ))
 });
+static PAGE_BEFORE: LazyLock<String> = LazyLock::new(|| {
+    filtered(include_str!(
+        "../../sql/queries/console/dead_letters_page_before.sql"
+    ))
+});
+static TOTAL: LazyLock<String> = LazyLock::new(|| {
+    filtered(include_str!(
+        "../../sql/queries/console/dead_letters_total.sql"
+    ))
+});
 static COUNT: LazyLock<String> = LazyLock::new(|| {
     filtered(include_str!(
         "../../sql/queries/console/dead_letters_count.sql"
@@ -134,6 +144,21 @@ impl Filter {
         ]
     }
 
+    /// The field `name` unset.
+    pub(crate) fn clear(&mut self, name: &str) {
+        let field = match name {
+            "event_type" => &mut self.event_type,
+            "aggregate_type" => &mut self.aggregate_type,
+            "aggregate_id" => &mut self.aggregate_id,
+            "error" => &mut self.error,
+            "since" => &mut self.since,
+            "until" => &mut self.until,
+            "cause" => &mut self.cause,
+            _ => return,
+        };
+        *field = None;
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.values().iter().all(Option::is_none)
     }
@@ -191,17 +216,31 @@ fn typed<'a>(
     params
 }
 
-/// Up to `limit` dead letters matching `filter` after seq `after`, in seq order.
+/// Where a page of the list starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum From {
+    /// The first rows after this seq (`i64::MIN`: the first page).
+    After(i64),
+    /// The last rows before this seq (a previous page).
+    Before(i64),
+}
+
+/// Up to `limit` dead letters matching `filter` from `from`, in seq order.
 pub(crate) async fn page<C: GenericClient + Sync>(
     client: &C,
     filter: &Filter,
-    after: i64,
+    from: From,
     limit: i64,
 ) -> Result<Vec<ListedDeadLetter>> {
     let values = filter.params();
-    let rest: [(&(dyn ToSql + Sync), Type); 2] = [(&after, Type::INT8), (&limit, Type::INT8)];
-    let rows = client.query_typed(&PAGE, &typed(&values, &rest)).await?;
-    rows.iter()
+    let (sql, seq) = match from {
+        From::After(seq) => (&*PAGE, seq),
+        From::Before(seq) => (&*PAGE_BEFORE, seq),
+    };
+    let rest: [(&(dyn ToSql + Sync), Type); 2] = [(&seq, Type::INT8), (&limit, Type::INT8)];
+    let rows = client.query_typed(sql, &typed(&values, &rest)).await?;
+    let mut rows = rows
+        .iter()
         .map(|r| {
             Ok(ListedDeadLetter {
                 id: r.try_get("id")?,
@@ -215,7 +254,25 @@ pub(crate) async fn page<C: GenericClient + Sync>(
                 dead_lettered_at: r.try_get("dead_lettered_at")?,
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>>>()?;
+    if matches!(from, From::Before(_)) {
+        rows.reverse();
+    }
+    Ok(rows)
+}
+
+/// How many dead letters match `filter`, counted up to `upto`.
+pub(crate) async fn total<C: GenericClient + Sync>(
+    client: &C,
+    filter: &Filter,
+    upto: i64,
+) -> Result<i64> {
+    let values = filter.params();
+    let rest: [(&(dyn ToSql + Sync), Type); 1] = [(&upto, Type::INT8)];
+    let row = client
+        .query_typed_one(&TOTAL, &typed(&values, &rest))
+        .await?;
+    Ok(row.try_get("total")?)
 }
 
 /// How many dead letters match `filter`, and the highest seq among them.

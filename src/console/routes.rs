@@ -16,7 +16,7 @@ use super::actions::{self, Action};
 use super::auth::{self, Identity};
 use super::bulk;
 use super::pages::{self, Scope};
-use super::queries::Filter;
+use super::queries::{Filter, From};
 use super::App;
 use crate::error::{Error, ErrorKind};
 
@@ -28,6 +28,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/", get(overview))
         .route("/static/console.css", get(css))
         .route("/dead-letters", get(list))
+        .route("/dead-letters/go", get(go))
         .route("/dead-letters/selected", post(selected))
         .route("/dead-letters/bulk", post(bulk_action))
         .route("/dead-letters/{id}", get(detail))
@@ -136,15 +137,37 @@ async fn list(
     let q = pairs(raw.as_deref().unwrap_or("").as_bytes());
     let filter = match filter_of(&q) {
         Ok(filter) => filter,
-        Err(wrong) => return bad_request(&app, &who, &wrong),
+        Err(wrong) => {
+            // The form again, with what was right in it and the field that was wrong.
+            let (mut kept, field) = (
+                Filter::from_pairs(q.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
+                wrong.split(':').next().unwrap_or_default(),
+            );
+            kept.clear(field);
+            return (
+                StatusCode::BAD_REQUEST,
+                pages::filter_refused(&app, &who, &kept, field, &wrong),
+            )
+                .into_response();
+        }
     };
-    let after = match value(&q, "after").filter(|v| !v.is_empty()) {
-        None => None,
-        Some(v) => match v.parse::<i64>() {
-            Ok(n) => Some(n),
-            Err(_) => return bad_request(&app, &who, "after: not a seq"),
-        },
+    let seq = |name: &str| match value(&q, name).filter(|v| !v.is_empty()) {
+        None => Ok(None),
+        Some(v) => v
+            .parse::<i64>()
+            .map(Some)
+            .map_err(|_| format!("{name}: not a seq")),
     };
+    let from = match (seq("after"), seq("before")) {
+        (Err(wrong), _) | (_, Err(wrong)) => return bad_request(&app, &who, &wrong),
+        (Ok(Some(_)), Ok(Some(_))) => {
+            return bad_request(&app, &who, "after, before: one or the other")
+        }
+        (Ok(Some(after)), Ok(None)) => From::After(after),
+        (Ok(None), Ok(Some(before))) => From::Before(before),
+        (Ok(None), Ok(None)) => From::After(i64::MIN),
+    };
+    let first_page = from == From::After(i64::MIN);
     let notice = pages::notice(
         value(&q, "done").and_then(Action::parse),
         value(&q, "n").and_then(|n| n.parse().ok()),
@@ -152,39 +175,64 @@ async fn list(
     let limit = app.config.page_size;
     let result = async {
         let (mut client, _permit) = app.client().await?;
-        let rows = actions::page(
-            &mut client,
-            app.schema(),
-            &filter,
-            after.unwrap_or(i64::MIN),
-            limit + 1,
-        )
-        .await?;
+        let listed = actions::page(&mut client, app.schema(), &filter, from, limit + 1).await?;
         // The causes atop the first page only.
-        let causes = match after {
-            None => Some(actions::causes(&mut client, app.schema(), &filter).await?),
-            Some(_) => None,
+        let causes = match first_page {
+            true => Some(actions::causes(&mut client, app.schema(), &filter).await?),
+            false => None,
         };
-        Ok::<_, Error>((rows, causes))
+        Ok::<_, Error>((listed, causes))
     }
     .await;
     match result {
-        Ok(((mut rows, now), causes)) => {
+        Ok((mut listed, causes)) => {
+            let rows = &mut listed.rows;
             let more = rows.len() as i64 > limit;
-            rows.truncate(limit as usize);
-            let next = more.then(|| rows.last().map(|r| r.seq)).flatten();
+            // One row more than a page was read: the next page's (or the previous one's) first.
+            let (prev, next) = match from {
+                From::After(after) => {
+                    rows.truncate(limit as usize);
+                    let next = more.then(|| rows.last().map(|r| r.seq)).flatten();
+                    let prev = (after != i64::MIN)
+                        .then(|| rows.first().map(|r| r.seq))
+                        .flatten();
+                    (prev, next)
+                }
+                From::Before(_) => {
+                    if more {
+                        rows.remove(0);
+                    }
+                    let prev = more.then(|| rows.first().map(|r| r.seq)).flatten();
+                    (prev, rows.last().map(|r| r.seq))
+                }
+            };
             let page = pages::ListPage {
                 filter: &filter,
-                rows: &rows,
+                rows: &listed.rows,
+                total: listed.total,
                 causes: causes.as_ref(),
+                prev_before: prev,
                 next_after: next,
-                first_page: after.is_none(),
+                first_page,
                 notice: &notice,
-                now: &now,
+                now: &listed.now,
             };
             pages::dead_letters(&app, &who, &page).into_response()
         }
         Err(e) => fail(&app, &who, &e),
+    }
+}
+
+/// GET /dead-letters/go?id=ID: to that event's page (jump to an event by id).
+async fn go(
+    State(app): State<Arc<App>>,
+    Extension(who): Extension<Identity>,
+    RawQuery(raw): RawQuery,
+) -> Response {
+    let q = pairs(raw.as_deref().unwrap_or("").as_bytes());
+    match value(&q, "id").map(str::trim).map(Uuid::parse_str) {
+        Some(Ok(id)) => Redirect::to(&app.href(&format!("/dead-letters/{id}"))).into_response(),
+        _ => bad_request(&app, &who, "id: not an event id"),
     }
 }
 

@@ -1877,3 +1877,104 @@ async fn times_show_how_long_ago_they_were() {
     let causes = section(&overview.body, r#"<table id="causes">"#);
     assert!(causes.contains("3 min ago"), "{causes}");
 }
+
+/// The list says how many match, pages forward and back by seq, jumps to an event by its id, and
+/// a filter it refuses comes back as the form with what was right in it and the wrong field marked.
+#[tokio::test]
+async fn the_list_counts_pages_back_and_forth_and_jumps_to_an_id() {
+    let db = shared_pg().create_migrated_database().await;
+    let client = testkit::pg_client(&db).await;
+    let mut ids = Vec::new();
+    for i in 0..7 {
+        ids.push(dead_letter(&client, &format!("p{i}"), "order.failed", "{}", "boom").await);
+    }
+    dead_letter(&client, "other", "invoice.failed", "{}", "boom").await;
+    let console = Console::start(&db, |c| c.page_size = 3).await;
+    let cookie = console.login().await;
+    let auth = [("cookie", cookie.as_str())];
+    let shown = |body: &str| -> Vec<usize> {
+        (0..ids.len())
+            .filter(|i| body.contains(&format!(r#"value="{}""#, ids[*i])))
+            .collect()
+    };
+    let link = |body: &str, id: &str| -> Option<String> {
+        let (_, rest) = body.split_once(&format!(r#"id="{id}" href=""#))?;
+        Some(rest[..rest.find('"')?].replace("&amp;", "&"))
+    };
+
+    let mut pages = Vec::new();
+    let mut path = "/dead-letters?event_type=order.failed".to_string();
+    loop {
+        let res = console.get(&path, &auth).await;
+        assert_eq!(res.status, 200, "{}", res.body);
+        assert!(
+            res.body
+                .contains(r#"<p id="total"><strong>7</strong> dead letters match.</p>"#),
+            "{}",
+            res.body
+        );
+        assert_eq!(link(&res.body, "prev-page").is_some(), !pages.is_empty());
+        pages.push(shown(&res.body));
+        match link(&res.body, "next-page") {
+            Some(next) => path = next,
+            None => break,
+        }
+    }
+    assert_eq!(pages, [vec![0, 1, 2], vec![3, 4, 5], vec![6]]);
+    // And back from the last page.
+    let mut back = Vec::new();
+    let mut res = console.get(&path, &auth).await;
+    while let Some(prev) = link(&res.body, "prev-page") {
+        assert!(
+            prev.contains("event_type=order.failed"),
+            "the filter stays: {prev}"
+        );
+        res = console.get(&prev, &auth).await;
+        assert_eq!(res.status, 200, "{}", res.body);
+        back.push(shown(&res.body));
+        assert!(link(&res.body, "next-page").is_some(), "{}", res.body);
+    }
+    assert_eq!(back, [vec![3, 4, 5], vec![0, 1, 2]]);
+
+    // Jump to an event by its id.
+    let go = console
+        .get(&format!("/dead-letters/go?id=+{}+", ids[4]), &auth)
+        .await;
+    assert_eq!(go.status, 303, "{}", go.body);
+    assert_eq!(
+        go.header("location"),
+        Some(format!("/dead-letters/{}", ids[4]).as_str())
+    );
+    let bad = console.get("/dead-letters/go?id=nope", &auth).await;
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    assert!(bad.body.contains("id: not an event id"), "{}", bad.body);
+
+    // A refused filter: the form again, the right fields kept, the wrong one marked and empty.
+    let long = "x".repeat(300);
+    let res = console
+        .get(
+            &format!("/dead-letters?event_type=order.failed&aggregate_id={long}"),
+            &auth,
+        )
+        .await;
+    assert_eq!(res.status, 400, "{}", res.body);
+    assert!(
+        res.body.contains("aggregate_id: longer than 255"),
+        "{}",
+        res.body
+    );
+    assert!(
+        res.body
+            .contains(r#"name="event_type" id="f-event_type" value="order.failed">"#),
+        "{}",
+        res.body
+    );
+    assert!(
+        res.body.contains(
+            r#"name="aggregate_id" id="f-aggregate_id" value="" class="wrong" aria-invalid="true">"#
+        ),
+        "{}",
+        res.body
+    );
+    assert!(!res.body.contains(&long));
+}
