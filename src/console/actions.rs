@@ -39,7 +39,7 @@ pub(crate) struct Overview {
     pub(crate) status: ops::Status,
     pub(crate) blocked: Vec<ops::BlockedAggregate>,
     pub(crate) wal_slots: Vec<ops::WalSlot>,
-    pub(crate) per_minute: [i64; 60],
+    pub(crate) per_minute: queries::PerMinute,
     pub(crate) relays: Vec<RelayConnection>,
     /// The most frequent causes of the dead letters, and how many dead letters they were counted
     /// among.

@@ -11,7 +11,7 @@ use uuid::Uuid;
 use super::actions::{Action, Overview, BLOCKED_COUNTED, CAUSES_LOOKED, TOTAL_COUNTED};
 use super::auth::Identity;
 use super::bulk::JobState;
-use super::queries::{Cause, Detail, Filter, Follower, ListedDeadLetter};
+use super::queries::{Cause, Detail, Filter, Follower, ListedDeadLetter, PerMinute};
 use super::App;
 use crate::timestamp::Timestamp;
 
@@ -35,7 +35,8 @@ form.filter label{display:flex;flex-direction:column;font-size:.85em}
 .problem{background:#fbe9e7;border:1px solid #e6a39b;padding:.5em 1em;margin-bottom:1em}
 .actions{display:flex;gap:.6em;margin:.6em 0}button{cursor:pointer}
 button.danger{background:#b3261e;color:#fff;border:0;padding:.35em .9em}
-.bar{fill:#3d6fd6}.axis{stroke:#99a}svg text{font-size:10px;fill:#556}
+.bar{fill:#3d6fd6}.dead{fill:#b3261e}.axis{stroke:#99a}.grid{stroke:#e3e6ea}svg text{font-size:10px;fill:#556}
+svg .legend-published{fill:#3d6fd6}svg .legend-dead{fill:#b3261e}
 .login{max-width:26em;margin:12vh auto;background:#fff;border:1px solid #dde1e7;padding:1.2em 1.6em}
 .login label{display:flex;flex-direction:column;gap:.3em;margin:.6em 0}.login input{padding:.4em}
 .age{color:#667;font-size:.85em}input.wrong{border:2px solid #b3261e}.big{background:#fff8e1;border:1px solid #e8cf7a;padding:.4em .8em}
@@ -265,32 +266,76 @@ fn card(label: &str, value: &str, warn: bool) -> String {
     )
 }
 
-fn chart(per_minute: &[i64; 60]) -> String {
-    let max = per_minute.iter().copied().max().unwrap_or(0).max(1);
-    let (w, h) = (600, 120);
+/// The last hour, a minute a bar: published (blue) and dead-lettered (red) on one scale, with its
+/// axis in events per minute and the rate of the last whole minute.
+fn chart(m: &PerMinute) -> String {
+    let top = m
+        .published
+        .iter()
+        .chain(&m.dead_lettered)
+        .copied()
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    // `h` the bars' height, below a margin of `pad` for the top label.
+    let (left, w, h, pad) = (56, 600, 120, 8);
     let mut out = format!(
-        r#"<svg id="chart" width="{w}" height="{}" viewBox="0 0 {w} {}" role="img" aria-label="events published per minute, last hour">"#,
-        h + 16,
-        h + 16
+        r#"<p id="rate">Now: <strong>{}</strong> published/min, <strong>{}</strong> dead-lettered/min (the last whole minute)</p><svg id="chart" width="{}" height="{}" viewBox="0 0 {} {}" role="img" aria-label="events published and dead-lettered per minute, last hour">"#,
+        num(m.published[58]),
+        num(m.dead_lettered[58]),
+        left + w,
+        h + pad + 30,
+        left + w,
+        h + pad + 30
     );
-    for (i, n) in per_minute.iter().enumerate() {
-        let bh = (*n as f64 / max as f64 * h as f64).round() as i64;
+    // The y axis: 0, half and the top, in events per minute.
+    for (value, y) in [(0, h + pad), (top / 2, h / 2 + pad), (top, pad)] {
         let _ = write!(
             out,
-            r#"<rect class="bar" x="{}" y="{}" width="8" height="{bh}"><title>{} published, {} min ago</title></rect>"#,
-            i * 10,
-            h - bh,
-            num(*n),
-            59 - i
+            r#"<line class="grid" x1="{left}" y1="{y}" x2="{}" y2="{y}"/><text class="tick" x="{}" y="{}" text-anchor="end">{}</text>"#,
+            left + w,
+            left - 4,
+            y + 4,
+            num(value)
         );
     }
+    let bar = |n: i64| (n as f64 / top as f64 * h as f64).round() as i64;
+    for i in 0..60 {
+        let x = left + i * 10;
+        let (p, d) = (m.published[i], m.dead_lettered[i]);
+        let _ = write!(
+            out,
+            r#"<rect class="bar" x="{x}" y="{}" width="6" height="{}"><title>{} published, {} min ago</title></rect>"#,
+            (h + pad) as i64 - bar(p),
+            bar(p),
+            num(p),
+            59 - i
+        );
+        if d > 0 {
+            let _ = write!(
+                out,
+                r#"<rect class="dead" x="{}" y="{}" width="3" height="{}"><title>{} dead-lettered, {} min ago</title></rect>"#,
+                x + 6,
+                (h + pad) as i64 - bar(d),
+                bar(d),
+                num(d),
+                59 - i
+            );
+        }
+    }
+    let base = h + pad;
     let _ = write!(
         out,
-        r#"<line class="axis" x1="0" y1="{h}" x2="{w}" y2="{h}"/><text x="0" y="{}">-60 min</text><text x="{}" y="{}">now · max {}/min</text></svg>"#,
-        h + 13,
-        w - 130,
-        h + 13,
-        num(max)
+        r#"<line class="axis" x1="{left}" y1="{pad}" x2="{left}" y2="{base}"/><line class="axis" x1="{left}" y1="{base}" x2="{}" y2="{base}"/><text class="unit" x="0" y="{}">events/min</text><text x="{left}" y="{}">-60 min</text><text x="{}" y="{}" text-anchor="end">now</text><text class="legend-published" x="{}" y="{}">■ published</text><text class="legend-dead" x="{}" y="{}">■ dead-lettered</text></svg>"#,
+        left + w,
+        base + 26,
+        base + 13,
+        left + w,
+        base + 13,
+        left + 200,
+        base + 26,
+        left + 300,
+        base + 26
     );
     out
 }
@@ -329,7 +374,7 @@ pub(crate) fn overview(app: &App, who: &Identity, o: &Overview) -> Html<String> 
     if s.future_dated > 0 {
         b.push_str(&card("dated in the future", &num(s.future_dated), true));
     }
-    b.push_str("</div><h2>Published per minute, last hour</h2>");
+    b.push_str("</div><h2>Published and dead-lettered per minute, last hour</h2>");
     b.push_str(&chart(&o.per_minute));
 
     b.push_str("<h2>Blocked aggregates</h2>");

@@ -444,15 +444,33 @@ pub(crate) async fn followers<C: GenericClient + Sync>(
 }
 
 /// Events published in each of the last 60 minutes, oldest minute first.
-pub(crate) async fn per_minute<C: GenericClient + Sync>(client: &C) -> Result<[i64; 60]> {
-    let mut minutes = [0i64; 60];
+pub(crate) async fn per_minute<C: GenericClient + Sync>(client: &C) -> Result<PerMinute> {
+    let mut minutes = PerMinute::default();
     for r in client.query_typed(PER_MINUTE, &[]).await? {
         let ago: i32 = r.try_get("minutes_ago")?;
         if let Some(slot) = usize::try_from(ago).ok().filter(|a| *a < 60) {
-            minutes[59 - slot] = r.try_get("published")?;
+            minutes.published[59 - slot] = r.try_get("published")?;
+            minutes.dead_lettered[59 - slot] = r.try_get("dead_lettered")?;
         }
     }
     Ok(minutes)
+}
+
+/// Events published and dead-lettered in each of the last 60 minutes, oldest first (the last:
+/// the current minute, still going).
+#[derive(Debug, Clone)]
+pub(crate) struct PerMinute {
+    pub(crate) published: [i64; 60],
+    pub(crate) dead_lettered: [i64; 60],
+}
+
+impl Default for PerMinute {
+    fn default() -> Self {
+        PerMinute {
+            published: [0; 60],
+            dead_lettered: [0; 60],
+        }
+    }
 }
 
 /// Relay connections, per application name and client address.

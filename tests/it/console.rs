@@ -1978,3 +1978,75 @@ async fn the_list_counts_pages_back_and_forth_and_jumps_to_an_id() {
     );
     assert!(!res.body.contains(&long));
 }
+
+/// The chart reads on its own: published and dead-lettered per minute on one axis in events per
+/// minute, each bar saying what it counts, and the rate of the last whole minute.
+#[tokio::test]
+async fn the_chart_shows_published_and_dead_lettered_per_minute_with_its_axis() {
+    let db = shared_pg().create_migrated_database().await;
+    let client = testkit::pg_client(&db).await;
+    let minute = "SELECT date_trunc('minute', now())::text";
+    // The bars are by minutes ago: written and read within one minute of the database's clock
+    // (again, from scratch and with a console of its own, whose overview is read afresh, when a
+    // minute ended in between).
+    let mut tries = 0;
+    let body = loop {
+        tries += 1;
+        let console = Console::start(&db, |_| {}).await;
+        let cookie = console.login().await;
+        let before: String = client.query_one(minute, &[]).await.expect("minute").get(0);
+        client
+            .execute(
+                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload,
+                                            processed_at)
+                 SELECT 'order', 'p-' || g, 'order.created', '{}',
+                        $1::text::timestamptz - CASE WHEN g <= 8 THEN interval '50 seconds'
+                                                     ELSE interval '290 seconds' END
+                 FROM generate_series(1, 12) g",
+                &[&before],
+            )
+            .await
+            .expect("published");
+        client
+            .execute(
+                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload,
+                                            attempts, last_error, dead_lettered_at)
+                 SELECT 'order', 'd-' || g, 'order.failed', '{}', 5, 'boom',
+                        $1::text::timestamptz - interval '40 seconds'
+                 FROM generate_series(1, 3) g",
+                &[&before],
+            )
+            .await
+            .expect("dead letters");
+        let overview = console.get("/", &[("cookie", cookie.as_str())]).await;
+        assert_eq!(overview.status, 200, "{}", overview.body);
+        let after: String = client.query_one(minute, &[]).await.expect("minute").get(0);
+        if before == after {
+            break overview.body;
+        }
+        assert!(tries < 3, "three minutes ended while reading one page");
+        client
+            .batch_execute("DELETE FROM outbox_events")
+            .await
+            .expect("again");
+    };
+    let chart = &body[body.find(r#"<svg id="chart""#).expect(&body)..];
+    let chart = &chart[..chart.find("</svg>").expect(chart)];
+    for part in [
+        "<title>8 published, 1 min ago</title>",
+        "<title>4 published, 5 min ago</title>",
+        "<title>3 dead-lettered, 1 min ago</title>",
+        r#"<text class="unit" x="0" y="154">events/min</text>"#,
+        ">8</text>",
+        ">4</text>",
+        ">0</text>",
+    ] {
+        assert!(chart.contains(part), "{part}: {chart}");
+    }
+    assert!(
+        body.contains(
+            "Now: <strong>8</strong> published/min, <strong>3</strong> dead-lettered/min"
+        ),
+        "{body}"
+    );
+}
