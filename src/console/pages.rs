@@ -494,17 +494,12 @@ fn causes_table(
             .filter(|(k, _)| *k != "cause")
             .collect();
         pairs.push(("cause", &c.cause));
-        let shown = if c.cause.is_empty() {
-            "(no error text)"
-        } else {
-            c.cause.as_str()
-        };
         let _ = write!(
             b,
             r#"<tr><td class="err"><a class="cause" href="{}{}">{}</a></td><td class="n">{}</td><td class="t">{}</td><td class="t">{}</td></tr>"#,
             esc(&app.href("/dead-letters")),
             esc(&query(&pairs)),
-            esc(shown),
+            esc(&c.cause),
             num(c.dead_letters),
             when(&c.first_seen, now),
             when(&c.last_seen, now)

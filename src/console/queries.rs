@@ -172,10 +172,17 @@ impl Filter {
     }
 }
 
+/// The cause of a dead letter without an error text (`error_cause.sql`).
+pub(crate) const NO_ERROR_TEXT: &str = "(no error text)";
+
 /// The longest word of `cause` outside its placeholders (`error_cause.sql`: `<id>`, `<n>`,
 /// `"..."`, white space made one space): a substring of every error text of that cause, which the
 /// filter searches for before it computes a row's cause. Empty when the cause has none.
 pub(crate) fn cause_word(cause: &str) -> &str {
+    // Rows without an error text: there is no word to look for.
+    if cause == NO_ERROR_TEXT {
+        return "";
+    }
     let words: Vec<&str> = cause.split(['<', '>', '"', ' ']).collect();
     // A cause cut at its 300 characters may end inside a placeholder (`<i`): not a word.
     let whole = match cause.chars().count() >= 300 {
@@ -308,7 +315,7 @@ pub(crate) async fn batch<C: GenericClient + Sync>(
 /// Dead letters of one cause (see [`causes`]).
 #[derive(Debug, Clone)]
 pub(crate) struct Cause {
-    /// The error text without what varies (`error_cause.sql`); empty without any.
+    /// The error text without what varies (`error_cause.sql`; [`NO_ERROR_TEXT`] without any).
     pub(crate) cause: String,
     pub(crate) dead_letters: i64,
     pub(crate) first_seen: Timestamp,
@@ -508,6 +515,7 @@ mod tests {
         assert_eq!(cause_word(cause), "max_payload");
         assert_eq!(cause_word("<n> <id>"), "");
         assert_eq!(cause_word(""), "");
+        assert_eq!(cause_word(super::NO_ERROR_TEXT), "");
         assert_eq!(cause_word("utf<n>: bad byte"), "byte");
         let cut = format!("{} <i", "a".repeat(296));
         assert_eq!(cause_word(&cut), "a".repeat(296));

@@ -2050,3 +2050,79 @@ async fn the_chart_shows_published_and_dead_lettered_per_minute_with_its_axis() 
         "{body}"
     );
 }
+
+/// Every cause's link finds every dead letter of that cause, whatever its error text holds (the
+/// filter looks for a word of the cause first: a word that is not in the text would skip it).
+#[tokio::test]
+async fn each_causes_link_finds_all_its_dead_letters_whatever_the_text() {
+    let db = shared_pg().create_migrated_database().await;
+    let client = testkit::pg_client(&db).await;
+    let long = format!("{} 0x1f {}", "w".repeat(280), Uuid::new_v4());
+    let texts = [
+        "plain words only".to_string(),
+        "tabs\tand\nnew   lines  ".to_string(),
+        "  leading and trailing  ".to_string(),
+        "ümlaut \u{202e} bidi and 日本語 text 42".to_string(),
+        "an \"odd quote and 'another".to_string(),
+        "\"all quoted\"".to_string(),
+        "123 456".to_string(),
+        "0xdeadbeef at 7".to_string(),
+        format!("id {} twice {}", Uuid::new_v4(), Uuid::new_v4()),
+        "<n> and <id> written by hand".to_string(),
+        "a<b>c \"...\" d".to_string(),
+        long.clone(),
+        format!("{}<", "x".repeat(299)),
+        String::new(),
+    ];
+    for (i, text) in texts.iter().enumerate() {
+        for copy in 0..2 {
+            let id =
+                dead_letter(&client, &format!("t{i}-{copy}"), "order.failed", "{}", text).await;
+            if text.is_empty() && copy == 1 {
+                client
+                    .execute(
+                        "UPDATE outbox_events SET last_error = NULL WHERE id = $1",
+                        &[&id],
+                    )
+                    .await
+                    .expect("no error text");
+            }
+        }
+    }
+    let console = Console::start(&db, |c| c.page_size = 1000).await;
+    let cookie = console.login().await;
+    let auth = [("cookie", cookie.as_str())];
+    let list = console.get("/dead-letters", &auth).await;
+    let causes = section(&list.body, r#"<table id="list-causes">"#);
+    let mut found = 0;
+    for row in causes.split("<tr>").skip(2) {
+        let href = row
+            .split(r#"<a class="cause" href=""#)
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .expect(row)
+            .replace("&amp;", "&");
+        let count: usize = row
+            .split(r#"<td class="n">"#)
+            .nth(1)
+            .and_then(|rest| rest.split('<').next())
+            .and_then(|n| n.replace(',', "").parse().ok())
+            .expect(row);
+        let filtered = console.get(&href, &auth).await;
+        assert_eq!(filtered.status, 200, "{href}: {}", filtered.body);
+        let listed = filtered
+            .body
+            .matches(r#"<input type="checkbox" name="id""#)
+            .count();
+        assert_eq!(
+            listed, count,
+            "{href}: the cause's link lists all of its {count}"
+        );
+        found += listed;
+    }
+    assert_eq!(
+        found,
+        2 * texts.len(),
+        "every dead letter under one cause: {causes}"
+    );
+}
