@@ -35,11 +35,18 @@ pub(crate) async fn stats(
 ) {
     let mut client = None;
     let mut future_dated = FirstSeen::default();
+    let mut reporter = Reporter::new(slot.clone(), metrics_config.stats_interval);
     let mut tick = tokio::time::interval(metrics_config.stats_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = shutdown.cancelled() => return,
+            _ = shutdown.cancelled() => {
+                if let Some(c) = client.as_mut() {
+                    let mut outbox = Outbox::new(c, database.schema.clone());
+                    reporter.leave(&mut outbox).await;
+                }
+                return;
+            }
             _ = tick.tick() => {}
         }
         if client
@@ -69,16 +76,153 @@ pub(crate) async fn stats(
                 if let Some(slot) = &slot {
                     replication_lag(c, slot, &metrics).await;
                 }
+                let mut outbox = Outbox::new(c, database.schema.clone());
+                reporter.report(&mut outbox, &metrics).await;
             }
             Ok(Err(e)) => {
                 health.set_database(false);
                 tracing::warn!(error = %e, "status query failed");
                 client = None;
+                reporter.present = None;
             }
             Err(_) => {
                 health.set_database(false);
                 client = None;
+                reporter.present = None;
             }
+        }
+    }
+}
+
+const REPORT: &str = include_str!("../sql/queries/relays/report.sql");
+const LEAVE: &str = include_str!("../sql/queries/relays/leave.sql");
+const PRESENT: &str = include_str!("../sql/queries/relays/present.sql");
+
+/// How this relay reports itself in `outbox_relays` (schema version 8; nothing on an older one),
+/// so that the console lists relays, not connections. A failed report is logged and never stops
+/// the relay.
+struct Reporter {
+    id: uuid::Uuid,
+    host: String,
+    pid: i32,
+    source: &'static str,
+    slot: Option<String>,
+    interval: f64,
+    /// Whether the schema has the table, asked once per connection (`None`: not yet).
+    present: Option<bool>,
+    /// (when, events published so far) of the reports of the last minute and one before it.
+    samples: std::collections::VecDeque<(Instant, u64)>,
+}
+
+impl Reporter {
+    fn new(slot: Option<String>, interval: Duration) -> Reporter {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "unknown".into());
+        Reporter {
+            id: uuid::Uuid::new_v4(),
+            host,
+            pid: i32::try_from(std::process::id()).unwrap_or(i32::MAX),
+            source: if slot.is_some() { "wal" } else { "table" },
+            slot,
+            interval: interval.as_secs_f64(),
+            present: None,
+            samples: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// Events published in the last minute (since start, in the first one), from the report
+    /// made a minute or more ago; `total` and `now` are this report's.
+    fn last_minute(&mut self, now: Instant, total: u64) -> u64 {
+        self.samples.push_back((now, total));
+        let minute = Duration::from_secs(60);
+        // Keep one report at least a minute old, and those after it.
+        while self.samples.len() > 1
+            && self
+                .samples
+                .get(1)
+                .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= minute)
+        {
+            self.samples.pop_front();
+        }
+        let base = self.samples.front().map_or(0, |(at, n)| {
+            match now.saturating_duration_since(*at) >= minute {
+                true => *n,
+                false => 0,
+            }
+        });
+        total.saturating_sub(base)
+    }
+
+    async fn report(&mut self, outbox: &mut Outbox<'_>, metrics: &Metrics) {
+        let (total, last) = metrics.published_so_far();
+        let last_minute = self.last_minute(Instant::now(), total);
+        if let Err(e) = self.write(outbox, metrics, total, last, last_minute).await {
+            tracing::debug!(error = %e, "reporting this relay in outbox_relays failed");
+            self.present = None;
+        }
+    }
+
+    async fn write(
+        &mut self,
+        outbox: &mut Outbox<'_>,
+        metrics: &Metrics,
+        total: u64,
+        last: Option<Duration>,
+        last_minute: u64,
+    ) -> crate::error::Result<()> {
+        let tx = outbox.checked_transaction().await?;
+        if self.present.is_none() {
+            let row = tx.query_one(PRESENT, &[]).await?;
+            self.present = Some(row.try_get("present")?);
+        }
+        if self.present == Some(true) {
+            let slot_lag = self
+                .slot
+                .as_ref()
+                .map(|_| metrics.replication_lag_bytes.get());
+            tx.execute(
+                REPORT,
+                &[
+                    &self.id,
+                    &self.host,
+                    &self.pid,
+                    &concat!("outbox-relay ", env!("CARGO_PKG_VERSION")),
+                    &self.source,
+                    &self.slot,
+                    &self.interval,
+                    &last.map(|d| d.as_secs_f64()),
+                    &i64::try_from(total).unwrap_or(i64::MAX),
+                    &i64::try_from(last_minute).unwrap_or(i64::MAX),
+                    &metrics.oldest_pending_age_seconds.get(),
+                    &slot_lag,
+                ],
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// A clean stop: the row goes (bounded: a stop never waits long on it).
+    async fn leave(&mut self, outbox: &mut Outbox<'_>) {
+        if self.present != Some(true) {
+            return;
+        }
+        let id = self.id;
+        let leave = async {
+            let tx = outbox.checked_transaction().await?;
+            tx.execute(LEAVE, &[&id]).await?;
+            tx.commit().await?;
+            Ok::<(), crate::error::Error>(())
+        };
+        match tokio::time::timeout(Duration::from_secs(2), leave).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, "leaving outbox_relays failed"),
+            Err(_) => tracing::debug!("leaving outbox_relays timed out"),
         }
     }
 }
@@ -242,5 +386,29 @@ mod tests {
         assert_eq!(seen.oldest_age(&status(0.0, Some(9)), at(105)), 5.0);
         assert_eq!(seen.oldest_age(&status(1.0, None), at(110)), 1.0);
         assert_eq!(seen.oldest_age(&status(0.0, Some(9)), at(120)), 0.0);
+    }
+
+    #[test]
+    fn the_last_minute_counts_from_the_report_a_minute_or_more_ago() {
+        let mut r = super::Reporter::new(None, Duration::from_secs(5));
+        let start = Instant::now();
+        let at = |s: u64| start + Duration::from_secs(s);
+        // In the first minute: everything since start.
+        assert_eq!(r.last_minute(at(0), 10), 10);
+        assert_eq!(r.last_minute(at(30), 40), 40);
+        assert_eq!(r.last_minute(at(55), 100), 100);
+        // Then from the latest report at least a minute old.
+        assert_eq!(
+            r.last_minute(at(60), 110),
+            100,
+            "since the report at 0 s (10)"
+        );
+        assert_eq!(
+            r.last_minute(at(95), 200),
+            160,
+            "since the report at 30 s (40)"
+        );
+        assert_eq!(r.last_minute(at(200), 200), 0, "nothing for a while");
+        assert!(r.samples.len() <= 2, "bounded: {:?}", r.samples.len());
     }
 }

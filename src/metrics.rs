@@ -170,6 +170,11 @@ pub struct Metrics {
     /// `outbox_wal_stranded_events`: pending rows the slot had passed without the stream
     /// carrying them (found by the stream's fallback and handed to the table)
     pub wal_stranded: Counter,
+    /// Every event published, whatever its type (what the relay reports in `outbox_relays`).
+    published_all: AtomicU64,
+    /// When the last event was published: milliseconds since `started` (0: none yet).
+    last_publish_millis: AtomicU64,
+    started: std::time::Instant,
     /// The event types `published` counts on their own ([`Metrics::count_published`]).
     published_event_types: EventTypeCap,
     /// The event types `failed` counts on their own ([`Metrics::count_failed`]).
@@ -207,6 +212,9 @@ impl Metrics {
             replication_lag_bytes: Gauge::default(),
             wal_streaming: Gauge::default(),
             wal_stranded: Counter::default(),
+            published_all: AtomicU64::new(0),
+            last_publish_millis: AtomicU64::new(0),
+            started: std::time::Instant::now(),
             published_event_types: EventTypeCap::new(
                 "outbox_events_published",
                 crate::config::DEFAULT_METRICS_EVENT_TYPES_MAX,
@@ -323,6 +331,25 @@ impl Metrics {
                 event_type: self.published_event_types.label(event_type),
             })
             .inc_by(n);
+        self.published_all.fetch_add(n, Ordering::Relaxed);
+        let millis = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_publish_millis
+            .store(millis.max(1), Ordering::Relaxed);
+    }
+
+    /// Events published since start, every type, and how long ago the last one was (`None`: none
+    /// yet).
+    pub(crate) fn published_so_far(&self) -> (u64, Option<std::time::Duration>) {
+        let total = self.published_all.load(Ordering::Relaxed);
+        let last = match self.last_publish_millis.load(Ordering::Relaxed) {
+            0 => None,
+            at => Some(
+                self.started
+                    .elapsed()
+                    .saturating_sub(std::time::Duration::from_millis(at)),
+            ),
+        };
+        (total, last)
     }
 
     /// Counts a failed publish, under its event type or `other` (see [`EventTypeCap`]).

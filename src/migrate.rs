@@ -95,6 +95,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "status_indexes",
         sql: include_str!("../sql/migrations/0007_status_indexes.sql"),
     },
+    Migration {
+        version: 8,
+        name: "relays",
+        sql: include_str!("../sql/migrations/0008_relays.sql"),
+    },
 ];
 
 /// The newest schema version of this build (what `migrate` brings a database to).
@@ -106,7 +111,8 @@ pub fn current_version() -> i32 {
 /// it). Lower than [`current_version`] while the newer versions only add what works without them
 /// (version 4: an index that makes the processed_events retention faster; version 6: what lets
 /// the wal source publish what the stream carried; version 7: an index that makes the dead-letter
-/// counts and the blocked aggregates fast), so a relay can be
+/// counts and the blocked aggregates fast; version 8: the table where relays report themselves), so
+/// a relay can be
 /// upgraded before the schema.
 pub const REQUIRED_VERSION: i32 = 3;
 
@@ -338,8 +344,11 @@ mod tests {
     #[test]
     fn script_from_the_latest_version_has_only_that_migration() {
         let rest = script_from(None, current_version());
-        assert!(rest.contains("-- migration 0007_status_indexes"), "{rest}");
-        assert!(rest.contains("outbox_events_dead_letters_idx"), "{rest}");
-        assert!(!rest.contains("-- migration 0006_"), "{rest}");
+        assert!(rest.contains("-- migration 0008_relays"), "{rest}");
+        assert!(
+            rest.contains("CREATE TABLE IF NOT EXISTS outbox_relays"),
+            "{rest}"
+        );
+        assert!(!rest.contains("-- migration 0007_"), "{rest}");
     }
 }

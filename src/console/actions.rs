@@ -7,7 +7,9 @@
 use tokio_postgres::Client;
 use uuid::Uuid;
 
-use super::queries::{self, Cause, Detail, Filter, Follower, ListedDeadLetter, RelayConnection};
+use super::queries::{
+    self, Cause, Detail, Filter, Follower, ListedDeadLetter, RelayConnection, ReportedRelay,
+};
 use crate::error::Result;
 use crate::ops::{self, Outbox};
 use crate::schema::Schema;
@@ -40,7 +42,10 @@ pub(crate) struct Overview {
     pub(crate) blocked: Vec<ops::BlockedAggregate>,
     pub(crate) wal_slots: Vec<ops::WalSlot>,
     pub(crate) per_minute: queries::PerMinute,
+    /// Connections by application name (what the overview lists on a schema before version 8).
     pub(crate) relays: Vec<RelayConnection>,
+    /// The relays reporting themselves (`None`: a schema before version 8).
+    pub(crate) reported: Option<Vec<ReportedRelay>>,
     /// The most frequent causes of the dead letters, and how many dead letters they were counted
     /// among.
     pub(crate) causes: (Vec<Cause>, i64),
@@ -58,6 +63,7 @@ pub(crate) async fn overview(client: &mut Client, schema: Option<&str>) -> Resul
         wal_slots: ops::read_wal_slots(&tx).await?,
         per_minute: queries::per_minute(&tx).await?,
         relays: queries::relays(&tx).await?,
+        reported: queries::reported_relays(&tx).await?,
         causes: queries::causes(&tx, &Filter::default(), CAUSES_LOOKED, CAUSES_ON_OVERVIEW).await?,
         now: queries::db_now(&tx).await?,
     };

@@ -11,7 +11,7 @@ use uuid::Uuid;
 use super::actions::{Action, Overview, BLOCKED_COUNTED, CAUSES_LOOKED, TOTAL_COUNTED};
 use super::auth::Identity;
 use super::bulk::JobState;
-use super::queries::{Cause, Detail, Filter, Follower, ListedDeadLetter, PerMinute};
+use super::queries::{Cause, Detail, Filter, Follower, ListedDeadLetter, PerMinute, ReportedRelay};
 use super::App;
 use crate::timestamp::Timestamp;
 
@@ -39,7 +39,7 @@ button.danger{background:#b3261e;color:#fff;border:0;padding:.35em .9em}
 svg .legend-published{fill:#3d6fd6}svg .legend-dead{fill:#b3261e}
 .login{max-width:26em;margin:12vh auto;background:#fff;border:1px solid #dde1e7;padding:1.2em 1.6em}
 .login label{display:flex;flex-direction:column;gap:.3em;margin:.6em 0}.login input{padding:.4em}
-.age{color:#667;font-size:.85em}input.wrong{border:2px solid #b3261e}.big{background:#fff8e1;border:1px solid #e8cf7a;padding:.4em .8em}
+.age{color:#667;font-size:.85em}tr.stale td{color:#b3261e}.source{color:#556;font-size:.85em}input.wrong{border:2px solid #b3261e}.big{background:#fff8e1;border:1px solid #e8cf7a;padding:.4em .8em}
 ";
 
 /// `s` as HTML text (content or attribute value): markup and quotes escaped, control characters
@@ -340,6 +340,76 @@ fn chart(m: &PerMinute) -> String {
     out
 }
 
+/// The relays as they report themselves (schema version 8), one row each.
+fn relays_table(relays: &[ReportedRelay], now: &Timestamp) -> String {
+    let mut b = String::from(
+        r#"<h2>Relays</h2><table id="relays"><tr><th>Relay</th><th>Source</th><th>Version</th><th>Since</th><th>Last publish</th><th>Published, last minute</th><th>Oldest pending</th><th>Slot retains</th><th>Reported</th></tr>"#,
+    );
+    for r in relays {
+        // Three reports missed: a relay that stopped without saying so (killed), or cannot
+        // reach the database.
+        let stale = r.seen_seconds_ago > 3.0 * r.interval_seconds.max(1.0);
+        let _ = write!(
+            b,
+            r#"<tr{}><td>{} · pid {}</td><td>{}</td><td>{}</td><td class="t">{}</td><td class="t">{}</td><td class="n">{}</td><td class="n">{}</td><td class="n">{}</td><td class="t">{}</td></tr>"#,
+            if stale { r#" class="stale""# } else { "" },
+            esc(&r.host),
+            r.pid,
+            match &r.slot {
+                Some(slot) => format!("{} (slot {})", esc(&r.source), esc(slot)),
+                None => esc(&r.source),
+            },
+            esc(&r.version),
+            when(&r.started_at, now),
+            opt_when(r.last_publish_at.as_ref(), now),
+            num(r.published_last_minute),
+            r.oldest_pending_seconds.map_or_else(|| "–".into(), age),
+            r.slot_lag_bytes.map_or_else(|| "–".into(), bytes),
+            match stale {
+                true => format!("not for {}: stopped?", age(r.seen_seconds_ago)),
+                false => format!("{} ago", age(r.seen_seconds_ago)),
+            }
+        );
+    }
+    b.push_str(
+        r#"</table><p class="source">Each relay reports its own figures (as its <code>/metrics</code> has them) every few seconds into <code>outbox_relays</code>; ages and "Reported" are by the database's clock.</p>"#,
+    );
+    b
+}
+
+/// The connections whose application name says outbox-relay (`pg_stat_activity`): what the
+/// overview lists where no relay reports itself (a schema before version 8, relays older than it).
+fn connections_table(o: &Overview) -> String {
+    let mut b = String::from("<h2>Relays connected</h2>");
+    if o.relays.is_empty() {
+        b.push_str(
+            r#"<p class="problem" id="no-relays">No relay is connected to this database.</p>"#,
+        );
+        return b;
+    }
+    b.push_str(r#"<table id="relays"><tr><th>Connection</th><th>Client</th><th>Connections</th><th>Since</th></tr>"#);
+    for r in &o.relays {
+        let _ = write!(
+            b,
+            r#"<tr><td>{}</td><td>{}</td><td class="n">{}</td><td>{}</td></tr>"#,
+            esc(&r.application_name),
+            esc(r.client_addr.as_deref().unwrap_or("local")),
+            num(r.connections),
+            opt_ts(r.since.as_ref())
+        );
+    }
+    b.push_str("</table>");
+    let _ = write!(
+        b,
+        r#"<p class="source" id="connections-only">Connections by application name (<code>pg_stat_activity</code>){}.</p>"#,
+        match o.reported {
+            None => ": schema version 8 lists each relay with its figures (run <code>outbox-relay migrate</code>)",
+            Some(_) => ": no relay reports itself here (relays older than outbox_relays)",
+        }
+    );
+    b
+}
+
 /// The overview: counts, blocked aggregates, the chart, relays and wal slots. Reloads every 10 s.
 pub(crate) fn overview(app: &App, who: &Identity, o: &Overview) -> Html<String> {
     let s = &o.status;
@@ -425,24 +495,9 @@ pub(crate) fn overview(app: &App, who: &Identity, o: &Overview) -> Html<String> 
         ));
     }
 
-    b.push_str("<h2>Relays connected</h2>");
-    if o.relays.is_empty() {
-        b.push_str(
-            r#"<p class="problem" id="no-relays">No relay is connected to this database.</p>"#,
-        );
-    } else {
-        b.push_str(r#"<table id="relays"><tr><th>Connection</th><th>Client</th><th>Connections</th><th>Since</th></tr>"#);
-        for r in &o.relays {
-            let _ = write!(
-                b,
-                r#"<tr><td>{}</td><td>{}</td><td class="n">{}</td><td>{}</td></tr>"#,
-                esc(&r.application_name),
-                esc(r.client_addr.as_deref().unwrap_or("local")),
-                num(r.connections),
-                opt_ts(r.since.as_ref())
-            );
-        }
-        b.push_str("</table>");
+    match &o.reported {
+        Some(relays) if !relays.is_empty() => b.push_str(&relays_table(relays, &o.now)),
+        _ => b.push_str(&connections_table(o)),
     }
 
     if !o.wal_slots.is_empty() {

@@ -57,6 +57,8 @@ const DETAIL: &str = include_str!("../../sql/queries/console/event_detail.sql");
 const FOLLOWERS: &str = include_str!("../../sql/queries/console/followers.sql");
 const PER_MINUTE: &str = include_str!("../../sql/queries/console/processed_per_minute.sql");
 const RELAYS: &str = include_str!("../../sql/queries/console/relays.sql");
+const RELAYS_REPORTED: &str = include_str!("../../sql/queries/console/relays_reported.sql");
+const RELAYS_PRESENT: &str = include_str!("../../sql/queries/relays/present.sql");
 
 /// The filter of the dead-letter list, which a bulk action applies as it is: every field `None`
 /// matches every dead letter.
@@ -504,6 +506,59 @@ pub(crate) async fn relays<C: GenericClient + Sync>(client: &C) -> Result<Vec<Re
             })
         })
         .collect()
+}
+
+/// A relay as it reported itself in `outbox_relays` (schema version 8).
+#[derive(Debug, Clone)]
+pub(crate) struct ReportedRelay {
+    pub(crate) host: String,
+    pub(crate) pid: i32,
+    pub(crate) version: String,
+    pub(crate) source: String,
+    pub(crate) slot: Option<String>,
+    /// How often it reports, in seconds.
+    pub(crate) interval_seconds: f64,
+    pub(crate) started_at: Timestamp,
+    pub(crate) last_publish_at: Option<Timestamp>,
+    pub(crate) published_last_minute: i64,
+    pub(crate) oldest_pending_seconds: Option<f64>,
+    pub(crate) slot_lag_bytes: Option<f64>,
+    /// Since its last report, by the database's clock.
+    pub(crate) seen_seconds_ago: f64,
+}
+
+/// The relays reporting themselves, or `None` on a schema without `outbox_relays` (before
+/// version 8: the console then lists connections, [`relays`]).
+pub(crate) async fn reported_relays<C: GenericClient + Sync>(
+    client: &C,
+) -> Result<Option<Vec<ReportedRelay>>> {
+    let present: bool = client
+        .query_typed_one(RELAYS_PRESENT, &[])
+        .await?
+        .try_get("present")?;
+    if !present {
+        return Ok(None);
+    }
+    let rows = client.query_typed(RELAYS_REPORTED, &[]).await?;
+    rows.iter()
+        .map(|r| {
+            Ok(ReportedRelay {
+                host: r.try_get("host")?,
+                pid: r.try_get("pid")?,
+                version: r.try_get("version")?,
+                source: r.try_get("source")?,
+                slot: r.try_get("slot")?,
+                interval_seconds: r.try_get("interval_seconds")?,
+                started_at: r.try_get("started_at")?,
+                last_publish_at: r.try_get("last_publish_at")?,
+                published_last_minute: r.try_get("published_last_minute")?,
+                oldest_pending_seconds: r.try_get("oldest_pending_seconds")?,
+                slot_lag_bytes: r.try_get("slot_lag_bytes")?,
+                seen_seconds_ago: r.try_get("seen_seconds_ago")?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
 }
 
 #[cfg(test)]

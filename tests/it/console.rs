@@ -2126,3 +2126,80 @@ async fn each_causes_link_finds_all_its_dead_letters_whatever_the_text() {
         "every dead letter under one cause: {causes}"
     );
 }
+
+/// The overview lists relays, one row each as they report themselves (not their connections),
+/// marks one that stopped reporting, and on a schema without `outbox_relays` lists connections
+/// and says how to get relays.
+#[tokio::test]
+async fn the_overview_lists_relays_one_row_each() {
+    let env = Env::new().await;
+    let mut relays = Vec::new();
+    for _ in 0..2 {
+        let mut config = env.config();
+        config.metrics.stats_interval = Duration::from_millis(200);
+        relays.push(env.spawn(config).await);
+    }
+    let client = env.client().await;
+    wait_until("two relays reporting", Duration::from_secs(30), || async {
+        let n: i64 = client
+            .query_one("SELECT count(*) FROM outbox_relays", &[])
+            .await
+            .expect("count")
+            .get(0);
+        n == 2
+    })
+    .await;
+    client
+        .execute(
+            "INSERT INTO outbox_relays (id, host, pid, version, source, interval_seconds, started_at,
+                                        seen_at)
+             VALUES (gen_random_uuid(), 'gone-host', 4242, 'outbox-relay 0.0.9', 'table', 5,
+                     now() - interval '1 hour', now() - interval '2 minutes')",
+            &[],
+        )
+        .await
+        .expect("a relay that stopped reporting");
+    let console = Console::start(&env.db, |_| {}).await;
+    let cookie = console.login().await;
+    let overview = console.get("/", &[("cookie", cookie.as_str())]).await;
+    assert_eq!(overview.status, 200, "{}", overview.body);
+    let table = section(&overview.body, r#"<table id="relays">"#);
+    let rows: Vec<&str> = table.split("<tr").skip(2).collect();
+    assert_eq!(
+        rows.len(),
+        3,
+        "one row per relay, not per connection: {table}"
+    );
+    let version = format!("outbox-relay {}", env!("CARGO_PKG_VERSION"));
+    let pid = format!("pid {}", std::process::id());
+    for row in &rows[1..] {
+        assert!(row.contains(&version) && row.contains(&pid), "{row}");
+        assert!(
+            row.contains("<td>table</td>") && !row.contains("stale"),
+            "{row}"
+        );
+    }
+    assert!(rows[0].contains(r#" class="stale""#), "{}", rows[0]);
+    assert!(rows[0].contains("not for 2 min: stopped?"), "{}", rows[0]);
+    assert!(overview.body.contains("Each relay reports its own figures"));
+
+    client
+        .batch_execute("DROP TABLE outbox_relays")
+        .await
+        .expect("a schema before version 8");
+    let console = Console::start(&env.db, |_| {}).await;
+    let cookie = console.login().await;
+    let overview = console.get("/", &[("cookie", cookie.as_str())]).await;
+    assert_eq!(overview.status, 200, "{}", overview.body);
+    let table = section(&overview.body, r#"<table id="relays">"#);
+    assert!(table.contains("outbox-relay"), "{table}");
+    assert!(
+        overview.body.contains(r#"id="connections-only""#)
+            && overview.body.contains("schema version 8 lists each relay"),
+        "{}",
+        overview.body
+    );
+    for relay in relays {
+        relay.stop().await;
+    }
+}

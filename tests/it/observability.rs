@@ -258,3 +258,70 @@ async fn event_type_label_is_capped() {
     .await;
     assert_eq!(relay.terminate(), Some(0));
 }
+
+/// A relay's row in `outbox_relays`: (source, slot, version, pid, published_total, a publish
+/// recorded), or `None` while there is none.
+type Reported = (String, Option<String>, String, i32, i64, bool);
+
+async fn reported(env: &Env) -> Vec<Reported> {
+    env.client()
+        .await
+        .query(
+            "SELECT source, slot, version, pid, published_total, last_publish_at IS NOT NULL
+             FROM outbox_relays ORDER BY started_at",
+            &[],
+        )
+        .await
+        .expect("outbox_relays")
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)))
+        .collect()
+}
+
+/// Each relay reports itself in `outbox_relays` every stats interval (source, slot, version, its
+/// published count and last publish, from its own metrics), and takes its row out when it stops.
+#[tokio::test]
+async fn relays_report_themselves_and_leave_when_they_stop() {
+    let env = Env::new().await;
+    let pid = i32::try_from(std::process::id()).expect("pid");
+    let version = format!("outbox-relay {}", env!("CARGO_PKG_VERSION"));
+    let mut config = env.config();
+    config.metrics.stats_interval = Duration::from_millis(200);
+    let relay = env.spawn(config).await;
+    env.insert_sql(5, "r", "order.created").await;
+    env.wait_stream_len(5, Duration::from_secs(30)).await;
+    wait_until(
+        "the table relay's report",
+        Duration::from_secs(30),
+        || async {
+            reported(&env).await == [("table".into(), None, version.clone(), pid, 5, true)]
+        },
+    )
+    .await;
+
+    let mut config = env.wal_config().await;
+    config.metrics.stats_interval = Duration::from_millis(200);
+    let wal = env.spawn(config).await;
+    let slot = env.slot_name();
+    wait_until(
+        "the wal relay's report",
+        Duration::from_secs(30),
+        || async {
+            let rows = reported(&env).await;
+            rows.len() == 2
+                && rows[1]
+                    == (
+                        "wal".into(),
+                        Some(slot.clone()),
+                        version.clone(),
+                        pid,
+                        0,
+                        false,
+                    )
+        },
+    )
+    .await;
+    relay.stop().await;
+    wal.stop().await;
+    assert_eq!(reported(&env).await, [], "a clean stop takes its row");
+}

@@ -14,3 +14,6 @@ UNION ALL SELECT format('GRANT SELECT, INSERT, DELETE ON outbox_wal_deferred TO 
 WHERE to_regclass('outbox_wal_deferred') IS NOT NULL
 UNION ALL SELECT format('GRANT SELECT, INSERT, UPDATE ON outbox_wal_slots TO %I', $1::text)
 WHERE to_regclass('outbox_wal_slots') IS NOT NULL
+-- The relays reporting themselves (schema version 8).
+UNION ALL SELECT format('GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_relays TO %I', $1::text)
+WHERE to_regclass('outbox_relays') IS NOT NULL
