@@ -80,38 +80,43 @@ pub(crate) struct Listed {
     pub(crate) rows: Vec<ListedDeadLetter>,
     /// How many match the filter, counted up to [`TOTAL_COUNTED`] + 1.
     pub(crate) total: i64,
+    /// The causes of the matching dead letters, and how many they were counted among (when
+    /// asked for: the first page).
+    pub(crate) causes: Option<(Vec<Cause>, i64)>,
     /// The database's clock.
     pub(crate) now: crate::timestamp::Timestamp,
 }
 
-/// One page of the dead-letter list, with the total and the database's clock.
+/// One page of the dead-letter list, with the total, the causes (`with_causes`) and the
+/// database's clock, in one transaction. The causes count the matches up to [`CAUSES_LOOKED`]:
+/// below that, their count is the total, and the matches are not read a second time for it.
 pub(crate) async fn page(
     client: &mut Client,
     schema: Option<&str>,
     filter: &Filter,
     from: queries::From,
     limit: i64,
+    with_causes: bool,
 ) -> Result<Listed> {
     let mut outbox = outbox(client, schema)?;
     let tx = outbox.checked_transaction().await?;
     let rows = queries::page(&tx, filter, from, limit).await?;
-    let total = queries::total(&tx, filter, TOTAL_COUNTED + 1).await?;
+    let causes = match with_causes {
+        true => Some(queries::causes(&tx, filter, CAUSES_LOOKED, CAUSES_LISTED).await?),
+        false => None,
+    };
+    let total = match &causes {
+        Some((_, looked_at)) if *looked_at < CAUSES_LOOKED => *looked_at,
+        _ => queries::total(&tx, filter, TOTAL_COUNTED + 1).await?,
+    };
     let now = queries::db_now(&tx).await?;
     tx.commit().await?;
-    Ok(Listed { rows, total, now })
-}
-
-/// The causes of the dead letters matching `filter` (see [`queries::causes`]).
-pub(crate) async fn causes(
-    client: &mut Client,
-    schema: Option<&str>,
-    filter: &Filter,
-) -> Result<(Vec<Cause>, i64)> {
-    let mut outbox = outbox(client, schema)?;
-    let tx = outbox.checked_transaction().await?;
-    let causes = queries::causes(&tx, filter, CAUSES_LOOKED, CAUSES_LISTED).await?;
-    tx.commit().await?;
-    Ok(causes)
+    Ok(Listed {
+        rows,
+        total,
+        causes,
+        now,
+    })
 }
 
 /// How many dead letters match, and the highest seq among them.

@@ -175,17 +175,20 @@ async fn list(
     let limit = app.config.page_size;
     let result = async {
         let (mut client, _permit) = app.client().await?;
-        let listed = actions::page(&mut client, app.schema(), &filter, from, limit + 1).await?;
         // The causes atop the first page only.
-        let causes = match first_page {
-            true => Some(actions::causes(&mut client, app.schema(), &filter).await?),
-            false => None,
-        };
-        Ok::<_, Error>((listed, causes))
+        actions::page(
+            &mut client,
+            app.schema(),
+            &filter,
+            from,
+            limit + 1,
+            first_page,
+        )
+        .await
     }
     .await;
     match result {
-        Ok((mut listed, causes)) => {
+        Ok(mut listed) => {
             let rows = &mut listed.rows;
             let more = rows.len() as i64 > limit;
             // One row more than a page was read: the next page's (or the previous one's) first.
@@ -210,7 +213,7 @@ async fn list(
                 filter: &filter,
                 rows: &listed.rows,
                 total: listed.total,
-                causes: causes.as_ref(),
+                causes: listed.causes.as_ref(),
                 prev_before: prev,
                 next_after: next,
                 first_page,
