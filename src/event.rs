@@ -131,6 +131,42 @@ pub struct OutboxEvent {
     /// Why the row cannot be published as it is, found while reading it (headers that are not a
     /// JSON object, text that is not UTF-8): [`OutboxEvent::validate`] refuses it.
     pub defect: Option<String>,
+    /// Where the event stands in the database transaction that wrote it (the
+    /// `Outbox-Transaction-*` headers); `None` for a row without one (written before schema
+    /// version 9, or with the column set to NULL), or before the relay looked it up.
+    pub transaction: Option<TransactionPosition>,
+}
+
+/// An event's place in the database transaction that wrote it, as the relay found it in the
+/// table when it published the event: what a consumer needs to act on a transaction as a whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransactionPosition {
+    /// The writing transaction's id (`pg_current_xact_id()`, recorded in the row's `txid`): 64
+    /// bits, unique for the life of the database cluster.
+    pub id: u64,
+    /// The event's place among the transaction's events, from 1, in the order they were written
+    /// (0 while the relay has not placed it yet).
+    pub index: u64,
+    /// How many events the transaction wrote; `None` where it was not known yet when the event
+    /// was published: a transaction larger than the wal stream holds at once (`--batch-size`
+    /// events) carries its count on its last event only.
+    pub events: Option<u64>,
+}
+
+impl TransactionPosition {
+    /// The transaction `id`, the event's place in it not known yet (`index` 0).
+    pub fn unplaced(id: u64) -> TransactionPosition {
+        TransactionPosition {
+            id,
+            index: 0,
+            events: None,
+        }
+    }
+
+    /// Both the event's place and the transaction's count are known.
+    pub fn is_placed(&self) -> bool {
+        self.index > 0 && self.events.is_some()
+    }
 }
 
 impl OutboxEvent {
@@ -149,6 +185,7 @@ impl OutboxEvent {
             attempts: 0,
             created_at: Timestamp::now(),
             defect: None,
+            transaction: None,
         }
     }
 

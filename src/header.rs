@@ -12,6 +12,21 @@ pub const HEADER_AGGREGATE_ID: &str = "Outbox-Aggregate-Id";
 pub const HEADER_EVENT_TYPE: &str = "Outbox-Event-Type";
 /// When the row was written, RFC 3339.
 pub const HEADER_CREATED_AT: &str = "Outbox-Created-At";
+/// The database transaction that wrote the event (its 64-bit id, decimal). Sent in every header
+/// format, with the two below, when the row records its transaction (schema version 9).
+pub const HEADER_TRANSACTION_ID: &str = "Outbox-Transaction-Id";
+/// The event's place among its transaction's events, from 1, in the order they were written.
+pub const HEADER_TRANSACTION_INDEX: &str = "Outbox-Transaction-Index";
+/// How many events the transaction wrote.
+pub const HEADER_TRANSACTION_EVENTS: &str = "Outbox-Transaction-Events";
+
+/// With CloudEvents, the transaction as extension attributes (names of lowercase letters, as the
+/// specification asks): `Outbox-Transaction-Id`.
+pub const CE_TRANSACTION_ID: &str = "ce-outboxtxid";
+/// CloudEvents' `Outbox-Transaction-Index`.
+pub const CE_TRANSACTION_INDEX: &str = "ce-outboxtxindex";
+/// CloudEvents' `Outbox-Transaction-Events`.
+pub const CE_TRANSACTION_EVENTS: &str = "ce-outboxtxevents";
 
 /// CloudEvents NATS binding, binary mode: `1.0`.
 pub const CE_SPECVERSION: &str = "ce-specversion";

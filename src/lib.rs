@@ -95,7 +95,7 @@ pub use config::{HeaderFormat, NotifyMode, Ordering, RelayConfig, Source, WalMar
 pub use consumer::process_once;
 pub use db::connect;
 pub use error::{Error, ErrorKind, Result};
-pub use event::{NewEvent, OutboxEvent};
+pub use event::{NewEvent, OutboxEvent, TransactionPosition};
 pub use health::HealthReport;
 pub use redact::redact;
 pub use relay::Relay;

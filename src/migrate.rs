@@ -100,6 +100,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "relays",
         sql: include_str!("../sql/migrations/0008_relays.sql"),
     },
+    Migration {
+        version: 9,
+        name: "transactions",
+        sql: include_str!("../sql/migrations/0009_transactions.sql"),
+    },
 ];
 
 /// The newest schema version of this build (what `migrate` brings a database to).
@@ -344,11 +349,11 @@ mod tests {
     #[test]
     fn script_from_the_latest_version_has_only_that_migration() {
         let rest = script_from(None, current_version());
-        assert!(rest.contains("-- migration 0008_relays"), "{rest}");
+        assert!(rest.contains("-- migration 0009_transactions"), "{rest}");
         assert!(
-            rest.contains("CREATE TABLE IF NOT EXISTS outbox_relays"),
+            rest.contains("ADD COLUMN IF NOT EXISTS txid xid8"),
             "{rest}"
         );
-        assert!(!rest.contains("-- migration 0007_"), "{rest}");
+        assert!(!rest.contains("-- migration 0008_"), "{rest}");
     }
 }

@@ -203,6 +203,7 @@ mod tests {
             attempts: 0,
             created_at: crate::Timestamp::now(),
             defect: None,
+            transaction: None,
         }
     }
 

@@ -6,9 +6,10 @@
 //! CloudEvents NATS binding's `ce-*` headers: `ce-id` is the same id.
 
 pub use crate::header::{
-    CE_ID, CE_SOURCE, CE_SPECVERSION, CE_SUBJECT, CE_TIME, CE_TYPE, CONTENT_TYPE,
-    HEADER_AGGREGATE_ID, HEADER_AGGREGATE_TYPE, HEADER_CREATED_AT, HEADER_EVENT_ID,
-    HEADER_EVENT_TYPE,
+    CE_ID, CE_SOURCE, CE_SPECVERSION, CE_SUBJECT, CE_TIME, CE_TRANSACTION_EVENTS,
+    CE_TRANSACTION_ID, CE_TRANSACTION_INDEX, CE_TYPE, CONTENT_TYPE, HEADER_AGGREGATE_ID,
+    HEADER_AGGREGATE_TYPE, HEADER_CREATED_AT, HEADER_EVENT_ID, HEADER_EVENT_TYPE,
+    HEADER_TRANSACTION_EVENTS, HEADER_TRANSACTION_ID, HEADER_TRANSACTION_INDEX,
 };
 
 use crate::config::HeaderFormat;
@@ -70,6 +71,12 @@ pub(crate) fn headers_with(
     const TIME: HeaderName = HeaderName::from_static(CE_TIME);
     const SUBJECT: HeaderName = HeaderName::from_static(CE_SUBJECT);
     const MEDIA_TYPE: HeaderName = HeaderName::from_static(CONTENT_TYPE);
+    const TRANSACTION_ID: HeaderName = HeaderName::from_static(HEADER_TRANSACTION_ID);
+    const TRANSACTION_INDEX: HeaderName = HeaderName::from_static(HEADER_TRANSACTION_INDEX);
+    const TRANSACTION_EVENTS: HeaderName = HeaderName::from_static(HEADER_TRANSACTION_EVENTS);
+    const CE_TX_ID: HeaderName = HeaderName::from_static(CE_TRANSACTION_ID);
+    const CE_TX_INDEX: HeaderName = HeaderName::from_static(CE_TRANSACTION_INDEX);
+    const CE_TX_EVENTS: HeaderName = HeaderName::from_static(CE_TRANSACTION_EVENTS);
 
     let id = event.id.to_string();
     // RFC 3339 for every event that passed validation.
@@ -104,6 +111,27 @@ pub(crate) fn headers_with(
         h.insert(EVENT_TYPE, event.event_type.as_str());
         h.insert(CREATED_AT, created_at.clone());
     }
+    // In every format: nothing else tells a consumer where a transaction ends.
+    if let Some(t) = &event.transaction {
+        let index = (t.index > 0).then(|| t.index.to_string());
+        let events = t.events.map(|n| n.to_string());
+        let names = [
+            (
+                outbox,
+                [TRANSACTION_ID, TRANSACTION_INDEX, TRANSACTION_EVENTS],
+            ),
+            (cloudevents, [CE_TX_ID, CE_TX_INDEX, CE_TX_EVENTS]),
+        ];
+        for (_, [id_name, index_name, events_name]) in names.into_iter().filter(|(on, _)| *on) {
+            h.insert(id_name, t.id.to_string());
+            if let Some(index) = &index {
+                h.insert(index_name, index.as_str());
+            }
+            if let Some(events) = &events {
+                h.insert(events_name, events.as_str());
+            }
+        }
+    }
     if cloudevents {
         h.insert(SPECVERSION, "1.0");
         h.insert(ID, id);
@@ -132,6 +160,9 @@ fn is_ce_attribute(name: &str) -> bool {
         CE_SOURCE,
         CE_TIME,
         CE_SUBJECT,
+        CE_TRANSACTION_ID,
+        CE_TRANSACTION_INDEX,
+        CE_TRANSACTION_EVENTS,
     ]
     .iter()
     .any(|ce| name.eq_ignore_ascii_case(ce))
@@ -161,6 +192,7 @@ mod tests {
             attempts: 0,
             created_at: crate::Timestamp::now(),
             defect: None,
+            transaction: None,
         }
     }
 
@@ -209,6 +241,75 @@ mod tests {
             get(&ce, "Content-Type").as_deref(),
             Some("application/cloudevents+json")
         );
+    }
+
+    #[test]
+    fn transaction_headers_in_every_format() {
+        let names = |format| match format {
+            HeaderFormat::Outbox => vec![[
+                HEADER_TRANSACTION_ID,
+                HEADER_TRANSACTION_INDEX,
+                HEADER_TRANSACTION_EVENTS,
+            ]],
+            HeaderFormat::CloudEvents => vec![[
+                CE_TRANSACTION_ID,
+                CE_TRANSACTION_INDEX,
+                CE_TRANSACTION_EVENTS,
+            ]],
+            HeaderFormat::Both => vec![
+                [
+                    HEADER_TRANSACTION_ID,
+                    HEADER_TRANSACTION_INDEX,
+                    HEADER_TRANSACTION_EVENTS,
+                ],
+                [
+                    CE_TRANSACTION_ID,
+                    CE_TRANSACTION_INDEX,
+                    CE_TRANSACTION_EVENTS,
+                ],
+            ],
+        };
+        let formats = [
+            HeaderFormat::Outbox,
+            HeaderFormat::CloudEvents,
+            HeaderFormat::Both,
+        ];
+        let mut e = event();
+        for format in formats {
+            let h = headers_as(&e, format, "/orders");
+            for [id, _, _] in names(format) {
+                assert_eq!(get(&h, id), None, "a row without a transaction: {format:?}");
+            }
+        }
+        e.transaction = Some(crate::event::TransactionPosition {
+            id: u64::MAX,
+            index: 3,
+            events: Some(500),
+        });
+        e.headers
+            .insert(CE_TRANSACTION_ID.into(), "forged by the row".into());
+        for format in formats {
+            let h = headers_as(&e, format, "/orders");
+            for [id, index, events] in names(format) {
+                assert_eq!(
+                    get(&h, id).as_deref(),
+                    Some("18446744073709551615"),
+                    "{format:?}: the relay's value wins"
+                );
+                assert_eq!(get(&h, index).as_deref(), Some("3"));
+                assert_eq!(get(&h, events).as_deref(), Some("500"));
+            }
+        }
+        let ce = headers_as(&e, HeaderFormat::CloudEvents, "/orders");
+        assert!(ce
+            .iter()
+            .all(|(name, _)| !name.to_string().starts_with("Outbox-")));
+        // Not placed yet, and a count not known: only what is known.
+        e.transaction = Some(crate::event::TransactionPosition::unplaced(7));
+        let h = headers_as(&e, HeaderFormat::Outbox, "");
+        assert_eq!(get(&h, HEADER_TRANSACTION_ID).as_deref(), Some("7"));
+        assert_eq!(get(&h, HEADER_TRANSACTION_INDEX), None);
+        assert_eq!(get(&h, HEADER_TRANSACTION_EVENTS), None);
     }
 
     #[test]

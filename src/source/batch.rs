@@ -12,7 +12,7 @@ use crate::metrics::Metrics;
 use crate::policy::Outcome;
 use crate::policy::{is_broker_outage, FailureKind, RetryPolicy, Verdict, WAKE_HEADS};
 use crate::publisher::Publisher;
-use crate::source::store::{BeforeCommit, Claim, Failure, Store};
+use crate::source::store::{BeforeCommit, Claim, Failure, Split, Store};
 
 /// What one batch (or two in flight together) did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -134,6 +134,39 @@ pub(crate) fn settle<'a>(
     settlement
 }
 
+/// The events of `published` (the ids acked, among `groups`) whose transaction they are not the
+/// whole of: the transaction's count is not known, or more of its events than were published
+/// here. Events without a transaction are never split.
+pub(crate) fn split_transactions(groups: &[Vec<OutboxEvent>], published: &[Uuid]) -> Split {
+    let acked: std::collections::HashSet<&Uuid> = published.iter().collect();
+    let mut per_tx: std::collections::HashMap<u64, (u64, Option<u64>)> =
+        std::collections::HashMap::new();
+    let events = || {
+        groups
+            .iter()
+            .flatten()
+            .filter(|e| acked.contains(&e.id))
+            .filter_map(|e| e.transaction.map(|t| (e.id, t)))
+    };
+    for (_, t) in events() {
+        let entry = per_tx.entry(t.id).or_insert((0, t.events));
+        entry.0 += 1;
+    }
+    let mut split = Split::default();
+    for (id, t) in events() {
+        let whole = per_tx
+            .get(&t.id)
+            .is_some_and(|(here, count)| *count == Some(*here));
+        if !whole {
+            split.ids.push(id);
+            if !split.txids.contains(&t.id) {
+                split.txids.push(t.id);
+            }
+        }
+    }
+    split
+}
+
 /// Which claim a batch starts with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Claiming {
@@ -216,6 +249,8 @@ pub(crate) struct Published {
     pub unsettled: Vec<AggregateKey>,
     published: Vec<Uuid>,
     failures: Vec<Failure>,
+    /// The published events whose transaction this batch did not publish whole.
+    split: Split,
     started: Instant,
     claim_ms: f64,
     /// `None`: nothing was published (no batch metrics or log).
@@ -242,6 +277,7 @@ pub(crate) async fn publish_claim(
         unsettled: Vec::new(),
         published: Vec::new(),
         failures: Vec::new(),
+        split: Split::default(),
         started,
         claim_ms,
         publish_ms: None,
@@ -249,6 +285,8 @@ pub(crate) async fn publish_claim(
     if claim.groups.is_empty() {
         return Ok(published);
     }
+    // The transaction headers; a failure here is the database's, as a claim's would be.
+    claim.read_transactions().await?;
     let publish_started = Instant::now();
     let outcomes = publisher.publish(&claim.groups).await;
     let publish_s = publish_started.elapsed().as_secs_f64();
@@ -283,6 +321,7 @@ pub(crate) async fn publish_claim(
         full,
         ..settlement.report
     };
+    published.split = split_transactions(&claim.groups, &settlement.published);
     published.published = settlement.published;
     published.failures = settlement.failures;
     Ok(published)
@@ -304,7 +343,7 @@ impl Published {
     ) -> Result<BatchReport> {
         let finish_started = Instant::now();
         claim
-            .finish_with(&self.published, &self.failures, before_commit)
+            .finish_with(&self.published, &self.failures, &self.split, before_commit)
             .await?;
         let report = self.report;
         let Some(publish_ms) = self.publish_ms else {
@@ -414,6 +453,44 @@ fn first_failure(outcomes: &[Vec<Outcome>]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_transaction_is_split_unless_all_its_events_were_published_here() {
+        use crate::event::TransactionPosition;
+        let of = |tx: u64, index: u64, events: Option<u64>| {
+            let mut e = OutboxEvent::sample("a");
+            e.transaction = Some(TransactionPosition {
+                id: tx,
+                index,
+                events,
+            });
+            e
+        };
+        let whole = [of(1, 1, Some(2)), of(1, 2, Some(2))];
+        let part = [of(2, 3, Some(5)), of(2, 4, Some(5))];
+        let unknown = of(3, 1, None);
+        let failed = [of(4, 1, Some(2)), of(4, 2, Some(2))];
+        let alone = OutboxEvent::sample("b");
+        let groups = vec![
+            whole.to_vec(),
+            part.to_vec(),
+            vec![unknown.clone()],
+            failed.to_vec(),
+            vec![alone.clone()],
+        ];
+        let published: Vec<Uuid> = groups
+            .iter()
+            .flatten()
+            .map(|e| e.id)
+            .filter(|id| *id != failed[1].id)
+            .collect();
+        let split = split_transactions(&groups, &published);
+        assert_eq!(
+            split.ids,
+            vec![part[0].id, part[1].id, unknown.id, failed[0].id]
+        );
+        assert_eq!(split.txids, vec![2, 3, 4]);
+    }
     use crate::policy::Failure as PublishFailure;
 
     fn event(aggregate: &str, attempts: i32) -> OutboxEvent {

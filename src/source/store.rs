@@ -3,6 +3,7 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,17 +14,63 @@ use uuid::Uuid;
 
 use crate::config::Ordering;
 use crate::error::Result;
-use crate::event::OutboxEvent;
+use crate::event::{OutboxEvent, TransactionPosition};
 use crate::schema::Schema;
 use crate::timestamp::Timestamp;
 
-const CLAIM_ORDERED: &str = include_str!("../../sql/queries/table/claim_ordered.sql");
-const CLAIM_UNORDERED: &str = include_str!("../../sql/queries/table/claim_unordered.sql");
-const CLAIM_HEADS: &str = include_str!("../../sql/queries/table/claim_heads.sql");
+static CLAIM_ORDERED: ClaimSql =
+    ClaimSql::new(include_str!("../../sql/queries/table/claim_ordered.sql"));
+static CLAIM_UNORDERED: ClaimSql =
+    ClaimSql::new(include_str!("../../sql/queries/table/claim_unordered.sql"));
+static CLAIM_HEADS: ClaimSql =
+    ClaimSql::new(include_str!("../../sql/queries/table/claim_heads.sql"));
 const RELEASE: &str = include_str!("../../sql/queries/table/release.sql");
 const RECORD_FAILURES: &str = include_str!("../../sql/queries/table/record_failures.sql");
 const WAKE: &str = include_str!("../../sql/queries/table/wake.sql");
 const BEGIN_CLAIM: &str = include_str!("../../sql/queries/table/begin_claim.sql");
+const HAS_TRANSACTIONS: &str = include_str!("../../sql/queries/table/has_transactions.sql");
+const TRANSACTIONS: &str = include_str!("../../sql/queries/table/transactions.sql");
+
+/// A claim statement as the schema at hand runs it: as written where rows record their
+/// transaction (schema version 9), else returning NULL for it (`without_txid`).
+pub(crate) struct ClaimSql {
+    sql: &'static str,
+    older: OnceLock<String>,
+}
+
+impl ClaimSql {
+    pub const fn new(sql: &'static str) -> ClaimSql {
+        ClaimSql {
+            sql,
+            older: OnceLock::new(),
+        }
+    }
+
+    pub fn for_schema(&'static self, records_transactions: bool) -> &'static str {
+        match records_transactions {
+            true => self.sql,
+            false => self.older.get_or_init(|| without_txid(self.sql)).as_str(),
+        }
+    }
+}
+
+/// `sql` for a schema without `outbox_events.txid` (older than version 9): the column it returns
+/// (`u.txid::text AS txid`, any alias) is NULL.
+fn without_txid(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut rest = sql;
+    while let Some(at) = rest.find(".txid::text AS txid") {
+        // Back to the start of the alias (`u`, `e`).
+        let start = rest[..at]
+            .rfind(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+            .map_or(0, |i| i + 1);
+        out.push_str(&rest[..start]);
+        out.push_str("NULL::text AS txid");
+        rest = &rest[at + ".txid::text AS txid".len()..];
+    }
+    out.push_str(rest);
+    out
+}
 
 /// A statement of the relay: prepared once per connection, or sent unnamed (parsed and planned
 /// each time) where a transaction pooler does not keep prepared statements between transactions.
@@ -80,6 +127,15 @@ const CLAIM_TYPES: &[Type] = &[Type::INT8, Type::INT8];
 /// `claim_ordered.sql` also takes whether to find heads by hopping between aggregates.
 const CLAIM_ORDERED_TYPES: &[Type] = &[Type::INT8, Type::INT8, Type::BOOL];
 const RELEASE_TYPES: &[Type] = &[Type::UUID_ARRAY];
+const TRANSACTIONS_TYPES: &[Type] = &[
+    Type::TEXT_ARRAY,
+    Type::INT8_ARRAY,
+    Type::INT8_ARRAY,
+    Type::INT8_ARRAY,
+    Type::INT8_ARRAY,
+    Type::INT8_ARRAY,
+    Type::INT8_ARRAY,
+];
 const RECORD_FAILURES_TYPES: &[Type] = &[
     Type::UUID_ARRAY,
     Type::TEXT_ARRAY,
@@ -94,7 +150,28 @@ struct Statements {
     claim_heads: Stmt,
     release: Stmt,
     record_failures: Stmt,
+    /// `transactions.sql`, where the table records each row's transaction (schema version 9),
+    /// with what earlier batches learnt of the transactions they published part of.
+    transactions: Option<(Stmt, std::sync::Mutex<Learnt>)>,
 }
+
+/// What the relay learnt of transactions a batch published part of, so that the next batch of
+/// one asks less of the table: values a restart loses and the table gives again (it holds a
+/// transaction's rows until all are published); at most [`LEARNT_MAX`] transactions.
+#[derive(Default)]
+pub(crate) struct Learnt(HashMap<u64, Known>);
+
+#[derive(Debug, Clone, Copy)]
+enum Known {
+    /// Its rows are consecutive seqs from `first`: an event's place is its seq's distance from
+    /// it; nothing to ask.
+    Run { first: i64, events: u64 },
+    /// The place of one of its rows (`seq`), which the next batch counts from.
+    At { seq: i64, index: u64, events: u64 },
+}
+
+/// Transactions remembered at most by [`Learnt`] (forgotten all at once past it).
+const LEARNT_MAX: usize = 4096;
 
 /// How the worker connection talks to PostgreSQL: what a transaction starts with and whether
 /// statements are prepared.
@@ -253,20 +330,34 @@ impl Store {
     async fn open(url: &str, session: &Session) -> Result<(Client, Statements)> {
         let client = crate::db::connect(url, "outbox-relay").await?;
         let prepare = session.prepare;
-        if prepare {
-            client.batch_execute(&session.begin).await?;
-        }
+        // In the session's transaction, where `--schema` resolves the table.
+        client.batch_execute(&session.begin).await?;
+        let has = client
+            .query_typed(HAS_TRANSACTIONS, &[])
+            .await?
+            .first()
+            .map(|row| row.try_get::<_, bool>("has_transactions"))
+            .transpose()?
+            .unwrap_or(false);
+        let claim = |sql: &'static ClaimSql| sql.for_schema(has);
         let statements = Statements {
-            claim_ordered: Stmt::new(&client, CLAIM_ORDERED, CLAIM_ORDERED_TYPES, prepare).await?,
-            claim_unordered: Stmt::new(&client, CLAIM_UNORDERED, CLAIM_TYPES, prepare).await?,
-            claim_heads: Stmt::new(&client, CLAIM_HEADS, CLAIM_TYPES, prepare).await?,
+            claim_ordered: Stmt::new(&client, claim(&CLAIM_ORDERED), CLAIM_ORDERED_TYPES, prepare)
+                .await?,
+            claim_unordered: Stmt::new(&client, claim(&CLAIM_UNORDERED), CLAIM_TYPES, prepare)
+                .await?,
+            claim_heads: Stmt::new(&client, claim(&CLAIM_HEADS), CLAIM_TYPES, prepare).await?,
             release: Stmt::new(&client, RELEASE, RELEASE_TYPES, prepare).await?,
             record_failures: Stmt::new(&client, RECORD_FAILURES, RECORD_FAILURES_TYPES, prepare)
                 .await?,
+            transactions: match has {
+                true => Some((
+                    Stmt::new(&client, TRANSACTIONS, TRANSACTIONS_TYPES, prepare).await?,
+                    std::sync::Mutex::new(Learnt::default()),
+                )),
+                false => None,
+            },
         };
-        if prepare {
-            client.batch_execute("COMMIT").await?;
-        }
+        client.batch_execute("COMMIT").await?;
         Ok((client, statements))
     }
 
@@ -392,14 +483,16 @@ impl Store {
 
     /// The connection, opened if there is none, with no transaction open, and its generation
     /// (statements prepared on it by another module are valid while that stays the same); and
-    /// how to prepare them: whether to, and the `BEGIN` that resolves the outbox's schema.
-    pub async fn connection(&mut self) -> Result<(&Client, u64, bool, &str)> {
-        let (client, _) = ready!(self).await?;
+    /// how to prepare them: whether to, and the `BEGIN` that resolves the outbox's schema; and
+    /// whether the table records each row's transaction (schema version 9: see [`ClaimSql`]).
+    pub async fn connection(&mut self) -> Result<(&Client, u64, bool, &str, bool)> {
+        let (client, statements) = ready!(self).await?;
         Ok((
             client,
             self.generation,
             self.session.prepare,
             &self.session.begin,
+            statements.transactions.is_some(),
         ))
     }
 
@@ -636,6 +729,11 @@ fn claimed_row(row: &Row) -> Result<ClaimedRow> {
             .try_get::<_, Option<Timestamp>>("created_at")?
             .unwrap_or_else(Timestamp::now),
         defect: (!defects.is_empty()).then(|| defects.join("; ")),
+        // Placed in its transaction before it is published (`Claim::read_transactions`).
+        transaction: match row.try_get::<_, Option<&str>>("txid") {
+            Ok(Some(txid)) => txid.parse::<u64>().ok().map(TransactionPosition::unplaced),
+            _ => None,
+        },
     };
     // Only `lock_ids.sql` reads it (its last column).
     let tid = match row.columns().last() {
@@ -643,9 +741,9 @@ fn claimed_row(row: &Row) -> Result<ClaimedRow> {
         _ => None,
     };
     // Only the wal source's claims by id read it (after `held`).
-    let prev = match row.columns().get(11) {
-        Some(c) if c.name() == "prev" => row.try_get("prev")?,
-        _ => None,
+    let prev = match row.columns().iter().skip(11).any(|c| c.name() == "prev") {
+        true => row.try_get("prev")?,
+        false => None,
     };
     Ok(ClaimedRow {
         seq,
@@ -774,18 +872,30 @@ fn compact_json(text: &str) -> String {
     out
 }
 
+/// The events a batch published whose transaction it did not publish whole (its other events
+/// went in other batches, or are not published yet), and those transactions (their `txid`s). The
+/// wal source, which deletes what it publishes, keeps these rows in the table (marked) until the
+/// whole transaction is published: a transaction's count is read from the table.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct Split {
+    pub ids: Vec<Uuid>,
+    pub txids: Vec<u64>,
+}
+
 /// More statements of a batch's transaction, after its outcome is recorded and before its commit.
 pub(crate) trait BeforeCommit {
-    /// `published`: the events acked.
+    /// `published`: the events acked; `split`: those of them whose transaction is not published
+    /// whole.
     fn run(
         self,
         client: &Client,
         published: &[Uuid],
+        split: &Split,
     ) -> impl std::future::Future<Output = Result<()>> + Send;
 }
 
 impl BeforeCommit for () {
-    async fn run(self, _: &Client, _: &[Uuid]) -> Result<()> {
+    async fn run(self, _: &Client, _: &[Uuid], _: &Split) -> Result<()> {
         Ok(())
     }
 }
@@ -844,6 +954,160 @@ impl Claim<'_> {
         self.client
     }
 
+    /// Places each event to publish in its transaction where its source did not (the wal stream
+    /// places the rows it carried, with the count when the commit came within its hold): one
+    /// statement in the claim's transaction (`transactions.sql`). Nothing on a schema older than
+    /// version 9, whose rows do not record their transaction.
+    pub async fn read_transactions(&mut self) -> Result<()> {
+        let Some((statement, learnt)) = &self.statements.transactions else {
+            return Ok(());
+        };
+        // Per transaction: lowest and highest seq in the batch, events in the batch.
+        let mut spans: BTreeMap<u64, (i64, i64, i64)> = BTreeMap::new();
+        for e in self.groups.iter().flatten() {
+            if let Some(t) = e.transaction.filter(|t| !t.is_placed()) {
+                let span = spans.entry(t.id).or_insert((e.seq, e.seq, 0));
+                span.0 = span.0.min(e.seq);
+                span.1 = span.1.max(e.seq);
+                span.2 += 1;
+            }
+        }
+        if spans.is_empty() {
+            return Ok(());
+        }
+        let known: HashMap<u64, Known> = {
+            let learnt = learnt.lock().unwrap_or_else(|e| e.into_inner());
+            spans
+                .keys()
+                .filter_map(|txid| learnt.0.get(txid).map(|k| (*txid, *k)))
+                .collect()
+        };
+        // Placed by seq: (place, count); or by transaction: numbered in the batch (`Whole`) or
+        // by seq from the first (`Run`).
+        let mut placed: HashMap<i64, (u64, u64)> = HashMap::new();
+        let mut whole: HashMap<u64, u64> = HashMap::new();
+        let mut runs: HashMap<u64, (i64, u64)> = HashMap::new();
+        for (txid, k) in &known {
+            if let Known::Run { first, events } = k {
+                runs.insert(*txid, (*first, *events));
+            }
+        }
+        let ask: Vec<(&u64, &(i64, i64, i64))> = spans
+            .iter()
+            .filter(|(txid, _)| !runs.contains_key(txid))
+            .collect();
+        if !ask.is_empty() {
+            let mut params: (Vec<String>, Vec<i64>, Vec<i64>, Vec<i64>) = Default::default();
+            // What an earlier batch learnt: a seq, its place, the count.
+            let mut at: [Vec<Option<i64>>; 3] = Default::default();
+            for (txid, (lo, hi, n)) in &ask {
+                params.0.push(txid.to_string());
+                params.1.push(*lo);
+                params.2.push(*hi);
+                params.3.push(*n);
+                let (seq, index, events) = match known.get(txid) {
+                    Some(Known::At { seq, index, events }) => (
+                        Some(*seq),
+                        i64::try_from(*index).ok(),
+                        i64::try_from(*events).ok(),
+                    ),
+                    _ => (None, None, None),
+                };
+                at[0].push(seq);
+                at[1].push(index);
+                at[2].push(events);
+            }
+            let args: [&(dyn ToSql + Sync); 7] = [
+                &params.0, &params.1, &params.2, &params.3, &at[0], &at[1], &at[2],
+            ];
+            let stream = statement.query_raw(self.client, &args).await?;
+            futures::pin_mut!(stream);
+            let number = |v: i64| u64::try_from(v).unwrap_or(0);
+            while let Some(row) = stream.try_next().await? {
+                let Ok(txid) = row.try_get::<_, &str>("txid")?.parse::<u64>() else {
+                    continue;
+                };
+                let events = number(row.try_get::<_, i64>("events")?);
+                match row.try_get::<_, &str>("kind")? {
+                    "whole" => {
+                        whole.insert(txid, events);
+                    }
+                    "run" => {
+                        if let Some(first) = row.try_get::<_, Option<i64>>("first")? {
+                            runs.insert(txid, (first, events));
+                        }
+                    }
+                    _ => {
+                        if let (Some(seq), Some(position)) = (
+                            row.try_get::<_, Option<i64>>("seq")?,
+                            row.try_get::<_, Option<i64>>("position")?,
+                        ) {
+                            placed.insert(seq, (number(position), events));
+                        }
+                    }
+                }
+            }
+        }
+        // Whole transactions are numbered in the batch, in seq order.
+        let mut ranks: HashMap<u64, Vec<i64>> = HashMap::new();
+        for e in self.groups.iter().flatten() {
+            if let Some(t) = e
+                .transaction
+                .filter(|t| !t.is_placed() && whole.contains_key(&t.id))
+            {
+                ranks.entry(t.id).or_default().push(e.seq);
+            }
+        }
+        for seqs in ranks.values_mut() {
+            seqs.sort_unstable();
+        }
+        for event in self.groups.iter_mut().flatten() {
+            let seq = event.seq;
+            let Some(t) = event.transaction.as_mut().filter(|t| !t.is_placed()) else {
+                continue;
+            };
+            let found = if let Some(&(first, events)) = runs.get(&t.id) {
+                u64::try_from(seq - first + 1)
+                    .ok()
+                    .map(|index| (index, events))
+            } else if let Some(&(index, events)) = placed.get(&seq) {
+                Some((index, events))
+            } else if let (Some(&events), Some(seqs)) = (whole.get(&t.id), ranks.get(&t.id)) {
+                seqs.binary_search(&seq)
+                    .ok()
+                    .map(|at| (at as u64 + 1, events))
+            } else {
+                None
+            };
+            if let Some((index, events)) =
+                found.filter(|(index, events)| *index >= 1 && index <= events)
+            {
+                t.index = index;
+                t.events = Some(events);
+            }
+        }
+        // What the next batch of a transaction published in part starts from.
+        let mut learnt = learnt.lock().unwrap_or_else(|e| e.into_inner());
+        if learnt.0.len() > LEARNT_MAX {
+            learnt.0.clear();
+        }
+        for (txid, (_, hi, _)) in &spans {
+            if let Some(&(first, events)) = runs.get(txid) {
+                learnt.0.insert(*txid, Known::Run { first, events });
+            } else if let Some(&(index, events)) = placed.get(hi) {
+                learnt.0.insert(
+                    *txid,
+                    Known::At {
+                        seq: *hi,
+                        index,
+                        events,
+                    },
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// What another module's claim statements took: the groups to publish, the rows locked and
     /// the rows marked processed (put back at the finish unless published or failed).
     pub fn fill(&mut self, groups: Vec<Vec<OutboxEvent>>, claimed: usize, marked: Vec<Uuid>) {
@@ -859,6 +1123,7 @@ impl Claim<'_> {
         self,
         published: &[Uuid],
         failures: &[Failure],
+        split: &Split,
         before_commit: impl BeforeCommit,
     ) -> Result<()> {
         let done: HashSet<Uuid> = published
@@ -895,7 +1160,7 @@ impl Claim<'_> {
                 .execute(self.client, &[&ids, &errors, &delays, &dead, &spent])
                 .await?;
         }
-        before_commit.run(self.client, published).await?;
+        before_commit.run(self.client, published, split).await?;
         self.end("COMMIT").await
     }
 
@@ -958,6 +1223,7 @@ mod tests {
                 attempts: 0,
                 created_at: Timestamp::now(),
                 defect: None,
+                transaction: None,
             }),
             held: false,
             tid: None,

@@ -1100,23 +1100,28 @@ async fn headers_over_jetstream_64k_are_dead_lettered_at_once(source: Source) {
         + line("Outbox-Aggregate-Type", "order".len())
         + line("Outbox-Aggregate-Id", "big".len())
         + line("Outbox-Event-Type", "order.big".len())
-        + line("Outbox-Created-At", "2024-01-01T00:00:00.000000Z".len());
+        + line("Outbox-Created-At", "2024-01-01T00:00:00.000000Z".len())
+        // Each row names its own transaction id of 7 digits (below): one event each.
+        + line("Outbox-Transaction-Id", "1000000".len())
+        + line("Outbox-Transaction-Index", 1)
+        + line("Outbox-Transaction-Events", 1);
     let value_len_for = |total: usize| {
         total - "NATS/1.0\r\n".len() - relay_headers - line("X-Big", 0) - "\r\n".len()
     };
     let client = env.client().await;
-    let insert = |aggregate: &'static str, value_len: usize| {
+    let insert = |aggregate: &'static str, value_len: usize, txid: &'static str| {
         let client = &client;
         async move {
             let headers = format!("{{\"X-Big\": \"{}\"}}", "v".repeat(value_len));
             let id: Uuid = client
                 .query_one(
                     "INSERT INTO outbox_events
-                         (aggregate_type, aggregate_id, event_type, payload, headers, created_at)
+                         (aggregate_type, aggregate_id, event_type, payload, headers, created_at,
+                          txid)
                      VALUES ('order', $1, 'order.big', '{}', $2::text::jsonb,
-                             '2024-01-01 00:00:00+00')
+                             '2024-01-01 00:00:00+00', $3::text::xid8)
                      RETURNING id",
-                    &[&aggregate, &headers],
+                    &[&aggregate, &headers, &txid],
                 )
                 .await
                 .expect("insert")
@@ -1124,8 +1129,8 @@ async fn headers_over_jetstream_64k_are_dead_lettered_at_once(source: Source) {
             id
         }
     };
-    let over = insert("big", value_len_for(65_536)).await;
-    let fits = insert("fit", value_len_for(65_535)).await; // "fit" is as long as "big"
+    let over = insert("big", value_len_for(65_536), "1000000").await;
+    let fits = insert("fit", value_len_for(65_535), "1000001").await; // "fit" is as long as "big"
     env.insert_sql(1, "big", "order.after").await;
     config.retry.max_attempts = 10;
     config.retry.initial = Duration::from_secs(1);

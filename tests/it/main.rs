@@ -68,6 +68,7 @@ mod security;
 #[cfg(feature = "sqlx")]
 mod sqlx_writer;
 mod tls;
+mod transactions;
 mod wakeup;
 mod wal;
 mod wal_content;

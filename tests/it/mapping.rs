@@ -136,6 +136,7 @@ fn claimed(e: &NewEvent) -> OutboxEvent {
         attempts: 0,
         created_at: SystemTime::now().into(),
         defect: None,
+        transaction: None,
     }
 }
 

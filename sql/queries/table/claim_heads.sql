@@ -40,11 +40,12 @@ WITH heads AS (
     WHERE u.id = ANY(ARRAY(SELECT p.id FROM plan p WHERE p.publish))
     RETURNING u.id, u.seq, u.aggregate_type, u.aggregate_id, u.event_type,
               u.payload::text AS payload, u.headers::text AS headers, u.attempts, u.created_at,
+              u.txid::text AS txid,
               true AS eligible, false AS held
 )
 SELECT * FROM marked
 UNION ALL
 SELECT p.id, p.seq, p.aggregate_type, p.aggregate_id, NULL::varchar, NULL::text, NULL::text,
-       NULL::int, NULL::timestamptz, false, true
+       NULL::int, NULL::timestamptz, NULL::text, false, true
 FROM plan p
 WHERE NOT p.publish

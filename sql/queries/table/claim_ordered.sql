@@ -186,6 +186,7 @@ WITH RECURSIVE candidates AS (
     WHERE u.id = ANY(ARRAY(SELECT p.id FROM plan p WHERE p.publish))
     RETURNING u.id, u.seq, u.aggregate_type, u.aggregate_id, u.event_type,
               u.payload::text AS payload, u.headers::text AS headers, u.attempts, u.created_at,
+              u.txid::text AS txid,
               true AS eligible, false AS held
 )
 -- The published rows with their content, then the rest of the claim by key only: rows not eligible
@@ -194,6 +195,6 @@ WITH RECURSIVE candidates AS (
 SELECT * FROM marked
 UNION ALL
 SELECT p.id, p.seq, p.aggregate_type, p.aggregate_id, NULL::varchar, NULL::text, NULL::text,
-       NULL::int, NULL::timestamptz, false, p.over_budget
+       NULL::int, NULL::timestamptz, NULL::text, false, p.over_budget
 FROM plan p
 WHERE NOT p.publish

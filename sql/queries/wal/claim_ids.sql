@@ -28,6 +28,7 @@ SET processed_at = now(), retry_after = NULL
 WHERE u.id = ANY(ARRAY(SELECT l.id FROM locked l))
 RETURNING u.id, u.seq, u.aggregate_type, u.aggregate_id, u.event_type,
           u.payload::text AS payload, u.headers::text AS headers, u.attempts, u.created_at,
+          u.txid::text AS txid,
           true AS eligible, false AS held,
           (SELECT o.id FROM outbox_events o
                 WHERE o.processed_at IS NULL

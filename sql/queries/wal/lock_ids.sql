@@ -12,6 +12,7 @@
 -- relay) and the aggregate goes to the table, which publishes in seq order.
 SELECT e.id, e.seq, e.aggregate_type, e.aggregate_id, e.event_type,
        e.payload::text AS payload, e.headers::text AS headers, e.attempts, e.created_at,
+       e.txid::text AS txid,
        true AS eligible, false AS held,
        (SELECT o.id FROM outbox_events o
                WHERE o.processed_at IS NULL

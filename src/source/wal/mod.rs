@@ -18,6 +18,7 @@
 //! - `fallback`: every `--fallback-interval`, finds pending rows the slot passed that no stream
 //!   carried, and hands their aggregates to the table.
 
+mod assemble;
 pub(crate) mod control;
 mod driver;
 mod fallback;

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use uuid::Uuid;
 
-use crate::event::{AggregateKey, OutboxEvent};
+use crate::event::{AggregateKey, OutboxEvent, TransactionPosition};
 
 /// A streamed row to claim by id, with its aggregate.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +39,10 @@ pub(crate) struct Candidate {
     /// The row as its INSERT wrote it, when the stream carried all of it and nothing in its
     /// transaction changed it: published as it is if the claim finds the row unchanged since.
     pub content: Option<Streamed>,
+    /// Where the row stands in its transaction, as the stream told (its `txid`, its place among
+    /// the transaction's inserts, their count when the commit came within the stream's hold).
+    /// `None` for rows read from the table, or without a `txid`.
+    pub transaction: Option<TransactionPosition>,
 }
 
 /// A streamed row's content, shared (not copied) while the row moves through the pipeline.

@@ -15,10 +15,12 @@ use super::pipeline::{Candidate, Found, Streamed};
 use crate::config::WalMarking;
 use crate::error::Result;
 use crate::event::{AggregateKey, OutboxEvent};
-use crate::source::store::{read_claim, BeforeCommit, Claim, ClaimedRow, OpenClaim, Stmt, Store};
+use crate::source::store::{
+    read_claim, BeforeCommit, Claim, ClaimSql, ClaimedRow, OpenClaim, Split, Stmt, Store,
+};
 
-const CLAIM_IDS: &str = include_str!("../../../sql/queries/wal/claim_ids.sql");
-const LOCK_IDS: &str = include_str!("../../../sql/queries/wal/lock_ids.sql");
+static CLAIM_IDS: ClaimSql = ClaimSql::new(include_str!("../../../sql/queries/wal/claim_ids.sql"));
+static LOCK_IDS: ClaimSql = ClaimSql::new(include_str!("../../../sql/queries/wal/lock_ids.sql"));
 const LOCK_STREAMED: &str = include_str!("../../../sql/queries/wal/lock_streamed.sql");
 const DELETE_PUBLISHED: &str = include_str!("../../../sql/queries/wal/delete_published.sql");
 const DELETE_PUBLISHED_IDS: &str =
@@ -28,6 +30,9 @@ const PENDING_OF: &str = include_str!("../../../sql/queries/wal/pending_of.sql")
 const DEFER: &str = include_str!("../../../sql/queries/wal/defer.sql");
 const UNDEFER: &str = include_str!("../../../sql/queries/wal/undefer.sql");
 const INSERT_POSITION: &str = include_str!("../../../sql/queries/wal/insert_position.sql");
+const MARK_SPLIT: &str = include_str!("../../../sql/queries/wal/mark_split.sql");
+const PURGE_TRANSACTIONS: &str = include_str!("../../../sql/queries/wal/purge_transactions.sql");
+const TEXTS: &[Type] = &[Type::TEXT_ARRAY];
 
 const UUIDS: &[Type] = &[Type::UUID_ARRAY];
 const SEQS_UUIDS: &[Type] = &[Type::INT8_ARRAY, Type::UUID_ARRAY];
@@ -45,6 +50,9 @@ pub(crate) struct WalStatements {
     /// `--wal-marking delete`: by where the rows are (`delete_published.sql`), and by id
     /// (`delete_published_ids.sql`) for rows claimed from the table (the catch-up).
     delete_published: Option<(Stmt, Stmt)>,
+    /// `--wal-marking delete` on a schema whose rows record their transaction (version 9):
+    /// `mark_split.sql` and `purge_transactions.sql`.
+    split: Option<(Stmt, Stmt)>,
     row_states: Stmt,
     pending_of: Stmt,
     defer: Stmt,
@@ -58,11 +66,12 @@ impl WalStatements {
         prepare: bool,
         marking: WalMarking,
         streamed: bool,
+        has_txid: bool,
     ) -> Result<WalStatements> {
         let (claim, delete, lock_streamed) = match marking {
-            WalMarking::Update => (CLAIM_IDS, None, None),
+            WalMarking::Update => (CLAIM_IDS.for_schema(has_txid), None, None),
             WalMarking::Delete => (
-                LOCK_IDS,
+                LOCK_IDS.for_schema(has_txid),
                 Some((
                     Stmt::new(client, DELETE_PUBLISHED, TIDS_UUIDS, prepare).await?,
                     Stmt::new(client, DELETE_PUBLISHED_IDS, UUIDS, prepare).await?,
@@ -73,10 +82,18 @@ impl WalStatements {
                 },
             ),
         };
+        let split = match (marking, has_txid) {
+            (WalMarking::Delete, true) => Some((
+                Stmt::new(client, MARK_SPLIT, UUIDS, prepare).await?,
+                Stmt::new(client, PURGE_TRANSACTIONS, TEXTS, prepare).await?,
+            )),
+            _ => None,
+        };
         Ok(WalStatements {
             claim_ids: Stmt::new(client, claim, UUIDS, prepare).await?,
             lock_streamed,
             delete_published: delete,
+            split,
             row_states: Stmt::new(client, ROW_STATES, ROW_STATES_TYPES, prepare).await?,
             pending_of: Stmt::new(client, PENDING_OF, PENDING_OF_TYPES, prepare).await?,
             defer: Stmt::new(client, DEFER, KEYS, prepare).await?,
@@ -87,18 +104,29 @@ impl WalStatements {
     /// With `--wal-marking delete`: the rows whose ack arrived leave the outbox, in the batch's
     /// transaction. Rows locked by this claim are found where the claim found them (`tids`); the
     /// others (claimed from the table) by id.
+    ///
+    /// The rows of a transaction not published whole (`split`) are marked instead, and deleted
+    /// with the rest of their transaction once it is all published: the table keeps every row of
+    /// a transaction until then, so that its count (the transaction headers) is read exactly.
     pub async fn delete_published(
         &self,
         client: &Client,
         published: &[Uuid],
+        split: &Split,
         tids: &HashMap<Uuid, String>,
     ) -> Result<()> {
         let Some((by_tid, by_id)) = &self.delete_published else {
             return Ok(());
         };
+        let kept: HashSet<&Uuid> = split.ids.iter().collect();
+        if let (Some((mark, purge)), false) = (&self.split, split.ids.is_empty()) {
+            mark.execute(client, &[&split.ids]).await?;
+            let txids: Vec<String> = split.txids.iter().map(u64::to_string).collect();
+            purge.execute(client, &[&txids]).await?;
+        }
         let mut located = (Vec::new(), Vec::new());
         let mut rest = Vec::new();
-        for id in published {
+        for id in published.iter().filter(|id| !kept.contains(id)) {
             match tids.get(id) {
                 Some(tid) => {
                     located.0.push(tid.as_str());
@@ -181,9 +209,9 @@ impl WalRecord<'_> {
 }
 
 impl BeforeCommit for WalRecord<'_> {
-    async fn run(self, client: &Client, published: &[Uuid]) -> Result<()> {
+    async fn run(self, client: &Client, published: &[Uuid], split: &Split) -> Result<()> {
         self.statements
-            .delete_published(client, published, &self.tids)
+            .delete_published(client, published, split, &self.tids)
             .await?;
         self.statements
             .hand_over(client, &self.defer, &self.undefer)
@@ -276,14 +304,15 @@ impl WalStore {
     /// The connection with the wal statements prepared on it.
     async fn ready(&mut self) -> Result<()> {
         let streamed = self.publishes_streamed();
-        let (client, generation, prepare, begin) = self.store.connection().await?;
+        let (client, generation, prepare, begin, has_txid) = self.store.connection().await?;
         let key = (generation, streamed);
         if self.statements.as_ref().map(|(k, _)| *k) != Some(key) {
             // Prepared inside a transaction with the session's settings: `--schema` resolves.
             if prepare {
                 client.batch_execute(begin).await?;
             }
-            let statements = WalStatements::new(client, prepare, self.marking, key.1).await?;
+            let statements =
+                WalStatements::new(client, prepare, self.marking, key.1, has_txid).await?;
             if prepare {
                 client.batch_execute("COMMIT").await?;
             }
@@ -452,6 +481,7 @@ impl WalStore {
                 }
                 bytes = bytes.saturating_add(row.size);
                 candidates.push(Candidate {
+                    transaction: None,
                     id: row.id,
                     aggregate: key.clone(),
                     xid: 0,
@@ -588,6 +618,13 @@ async fn claim_in(
         Some(_) => Vec::new(),
         None => taken.claimed.keys().copied().collect(),
     };
+    // Where each streamed row stands in its transaction: the stream's numbering (the table's
+    // rows of a transaction published before are deleted with `--wal-marking delete`).
+    for c in candidates.iter() {
+        if let (Some(t), Some(event)) = (c.transaction, taken.claimed.get_mut(&c.id)) {
+            event.transaction = Some(t);
+        }
+    }
     // The table is the truth: a row whose aggregate is not the one its candidate carries (the
     // stream's copy, or what the sweep read a statement ago) was changed after its insert, and
     // was decided on for the wrong aggregate. It is not published by this claim (it stays
@@ -738,6 +775,7 @@ mod tests {
 
     fn candidate(aggregate: &str) -> Candidate {
         Candidate {
+            transaction: None,
             id: Uuid::new_v4(),
             aggregate: ("order".into(), aggregate.into()),
             xid: 0,

@@ -16,11 +16,13 @@ use tokio::task::JoinHandle;
 use tokio_postgres::config::Host;
 use uuid::Uuid;
 
+use super::assemble::Assembler;
 use super::pgoutput::{self, Message, Relation, Value};
 use super::streamed::EventColumns;
 use crate::db::tls::{Mode, RootCert, TlsSettings};
 use crate::error::{Error, Result};
 use crate::event::AggregateKey;
+use crate::event::TransactionPosition;
 use crate::source::wal::control::ServerAddr;
 use crate::source::wal::pipeline::{Candidate, Streamed};
 
@@ -33,6 +35,8 @@ struct Columns {
     id: usize,
     aggregate_type: usize,
     aggregate_id: usize,
+    /// `txid` (schema version 9): the writing transaction's 64-bit id.
+    txid: Option<usize>,
     event: Option<EventColumns>,
 }
 
@@ -141,7 +145,15 @@ impl Stream {
             xid: 0,
             content_limit: content.then(|| content_limit(max_bytes, buffer_events)),
         };
-        let pump = tokio::spawn(pump(client, decoder, changes_tx, confirmed_rx, stop_rx));
+        // A transaction's inserts wait for its commit, as many as the relay holds decoded.
+        let assembler = Assembler::new(buffer_events);
+        let pump = tokio::spawn(pump(
+            client,
+            (decoder, assembler),
+            changes_tx,
+            confirmed_rx,
+            stop_rx,
+        ));
         Ok(Stream {
             changes,
             confirmed,
@@ -224,11 +236,12 @@ const RAW_ROW_BYTES: usize = 1024 * 1024;
 /// Ends with the stream (after an error, sent on), when told to stop, or when the stream is gone.
 async fn pump(
     mut client: ReplicationClient,
-    mut decoder: Decoder,
+    (mut decoder, mut assembler): (Decoder, Assembler),
     changes: mpsc::Sender<Result<Change>>,
     mut confirmed: watch::Receiver<u64>,
     mut stop: oneshot::Receiver<()>,
 ) {
+    let mut ready = Vec::new();
     loop {
         // A confirmation may cut a receive short: harmless while the worker runs (a channel
         // receive). Once the worker ended, the receive also takes its outcome, which can be taken
@@ -250,7 +263,13 @@ async fn pump(
             Ok(None) => return,
             Ok(Some(event)) => match decoder.change(event) {
                 Ok(None) => continue,
-                Ok(Some(change)) => Ok(change),
+                Ok(Some(change)) => {
+                    assembler.advance(change, &mut ready);
+                    if ready.is_empty() {
+                        continue;
+                    }
+                    Ok(())
+                }
                 Err(e) => Err(e),
             },
             // After the worker ended (its outcome possibly lost to a receive cut short just as
@@ -262,23 +281,31 @@ async fn pump(
             Err(e) => Err(replication_error(e)),
         };
         let failed = change.is_err();
-        let permit = loop {
-            tokio::select! {
-                biased;
-                _ = &mut stop => {
-                    shut_down(client, &confirmed).await;
-                    return;
-                }
-                Ok(()) = confirmed.changed() => {
-                    client.update_applied_lsn(Lsn::from_u64(*confirmed.borrow_and_update()));
-                }
-                permit = changes.reserve() => match permit {
-                    Ok(permit) => break permit,
-                    Err(_) => return, // the stream is gone
-                },
-            }
+        // The changes the assembler let go, in order; or the error alone (what it holds is
+        // carried again by the next stream, from the last confirmed position).
+        let mut sending: Vec<Result<Change>> = match change {
+            Ok(()) => ready.drain(..).map(Ok).collect(),
+            Err(e) => vec![Err(e)],
         };
-        permit.send(change);
+        for change in sending.drain(..) {
+            let permit = loop {
+                tokio::select! {
+                    biased;
+                    _ = &mut stop => {
+                        shut_down(client, &confirmed).await;
+                        return;
+                    }
+                    Ok(()) = confirmed.changed() => {
+                        client.update_applied_lsn(Lsn::from_u64(*confirmed.borrow_and_update()));
+                    }
+                    permit = changes.reserve() => match permit {
+                        Ok(permit) => break permit,
+                        Err(_) => return, // the stream is gone
+                    },
+                }
+            };
+            permit.send(change);
+        }
         if failed {
             return;
         }
@@ -395,6 +422,7 @@ fn columns(relation: &Relation) -> Result<Columns> {
         id: find("id")?,
         aggregate_type: find("aggregate_type")?,
         aggregate_id: find("aggregate_id")?,
+        txid: relation.column("txid"),
         event: EventColumns::of(relation),
     })
 }
@@ -427,7 +455,20 @@ fn candidate(columns: &Columns, values: &[Value], xid: u32, size: usize) -> Resu
         text(columns.aggregate_type, "aggregate_type")?,
         text(columns.aggregate_id, "aggregate_id")?,
     );
+    // xid8 as text: an unsigned 64-bit number. NULL or absent: no transaction headers.
+    let transaction = match columns.txid.and_then(|at| values.get(at)) {
+        Some(Value::Text(bytes)) => std::str::from_utf8(bytes)
+            .ok()
+            .and_then(|t| t.parse::<u64>().ok())
+            .map(|id| TransactionPosition {
+                id,
+                index: 0,
+                events: None,
+            }),
+        _ => None,
+    };
     Ok(Candidate {
+        transaction,
         id,
         aggregate,
         xid,

@@ -86,6 +86,7 @@ impl EventColumns {
             attempts: text(self.attempts)?.parse().ok()?,
             created_at: Timestamp::parse_iso(text(self.created_at)?)?,
             defect: None,
+            transaction: None,
         })
     }
 }

@@ -312,6 +312,7 @@ impl World {
                         r.streamed = true;
                         end = r.end;
                         p.stream(Change::Insert(Candidate {
+                            transaction: None,
                             id: r.id,
                             aggregate: key(r.inserted_as),
                             xid: 1,
@@ -761,6 +762,7 @@ fn without_any_one_defence_the_model_finds_a_defect() {
 fn a_row_not_visible_is_carried_while_its_aggregate_goes_to_the_table_and_back() {
     let mut p = Pipeline::new([key(0)]);
     let row = Candidate {
+        transaction: None,
         id: Uuid::new_v4(),
         aggregate: key(0),
         xid: 1,
@@ -807,6 +809,7 @@ fn a_carried_row_keeps_the_slot_waiting_only_until_it_is_resolved() {
     let mut p = Pipeline::new([]);
     let rows: Vec<Candidate> = (0..2)
         .map(|_| Candidate {
+            transaction: None,
             id: Uuid::new_v4(),
             aggregate: key(0),
             xid: 1,

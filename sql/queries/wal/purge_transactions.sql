@@ -1,0 +1,18 @@
+-- --source wal with --wal-marking delete: the rows of these transactions ($1: txid as text) that
+-- mark_split.sql kept are deleted once none of the transaction's rows is pending any more, in the
+-- batch's transaction (discarded dead letters stay for the audit trail, as they do in the
+-- table source). The pending row, if any, is looked for from the transaction's newest row
+-- down (outbox_events_txid_idx backwards): a transaction published in order has its pending rows
+-- last, so the look stops at once until the transaction is done.
+WITH done AS (
+    SELECT t.txid
+    FROM unnest($1::text[]) AS d(txid)
+    CROSS JOIN LATERAL (SELECT d.txid::xid8 AS txid) AS t
+    WHERE (SELECT p.seq FROM outbox_events p
+           WHERE p.txid = t.txid AND p.processed_at IS NULL
+           ORDER BY p.txid DESC, p.seq DESC
+           LIMIT 1) IS NULL
+)
+DELETE FROM outbox_events o
+USING done
+WHERE o.txid = done.txid AND o.processed_at IS NOT NULL AND o.discarded_at IS NULL
