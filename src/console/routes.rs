@@ -13,11 +13,11 @@ use axum::{Extension, Router};
 use uuid::Uuid;
 
 use super::actions::{self, Action};
-use super::auth::{self, Identity};
+use super::auth;
 use super::bulk;
 use super::pages::{self, Scope};
 use super::queries::{Filter, From};
-use super::App;
+use super::{App, Identity};
 use crate::error::{Error, ErrorKind};
 
 /// Ids one selection may name (a page holds at most 1000 rows).

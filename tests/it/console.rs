@@ -1742,6 +1742,153 @@ async fn dead_letters_are_grouped_by_cause_and_a_group_is_discarded_whole() {
     assert!(!causes.contains(big) && causes.contains(hdr), "{causes}");
 }
 
+/// A value holding markup, both quotes and an ampersand (one that already reads as an entity) is
+/// escaped in every place a page shows it: each field of a row on the overview (blocked aggregates,
+/// causes), the list and the detail view (payload, headers, followers), the filter form and the
+/// links of a filtered list, the confirmation and the job page of a bulk action, a filter refused,
+/// and the error that names a value. Wherever its marker stands, it stands inside the escaped
+/// value (or, in a link, the URL-encoded one).
+#[tokio::test]
+async fn markup_quotes_and_ampersands_are_escaped_wherever_a_page_shows_a_value() {
+    const NASTY: &str = "<script>zqzq</script>\"'&amp;";
+    // As text and attribute values; in JSON (payload, headers) and in the job's description,
+    // where `"` is `\"`; URL-encoded in links.
+    const HTML: &str = "&lt;script&gt;zqzq&lt;/script&gt;&quot;&#39;&amp;amp;";
+    const QUOTED: &str = "&lt;script&gt;zqzq&lt;/script&gt;\\&quot;&#39;&amp;amp;";
+    const URL: &str = "%3Cscript%3Ezqzq%3C%2Fscript%3E%22%27%26amp%3B";
+    let db = shared_pg().create_migrated_database().await;
+    let client = testkit::pg_client(&db).await;
+    let payload = serde_json::json!({ "note": NASTY }).to_string();
+    let headers = serde_json::json!({ "x-note": NASTY }).to_string();
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let id = dead_letter(&client, NASTY, NASTY, &payload, NASTY).await;
+        client
+            .execute(
+                "UPDATE outbox_events SET aggregate_type = $2, headers = $3::text::jsonb WHERE id = $1",
+                &[&id, &NASTY, &headers],
+            )
+            .await
+            .expect("aggregate type and headers");
+        ids.push(id);
+    }
+    client
+        .execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+             SELECT $1, $1, $1, '{}' FROM generate_series(1, 2)",
+            &[&NASTY],
+        )
+        .await
+        .expect("followers");
+    let console = Console::start(&db, |c| c.page_size = 1).await;
+    let (cookie, csrf) = console.session().await;
+    let auth = [("cookie", cookie.as_str())];
+    let origin = console.origin();
+    let post_headers = [("cookie", cookie.as_str()), ("origin", origin.as_str())];
+
+    let escaped = |what: &str, res: &Response, status: u16| {
+        assert_eq!(res.status, status, "{what}: {}", res.body);
+        assert!(
+            res.body.contains(HTML) || res.body.contains(QUOTED),
+            "{what} shows the value: {}",
+            res.body
+        );
+        let rest = res
+            .body
+            .replace(HTML, "")
+            .replace(QUOTED, "")
+            .replace(URL, "");
+        assert!(
+            !rest.contains("zqzq"),
+            "{what} shows the value unescaped: {}",
+            res.body
+        );
+    };
+    let link = |body: &str, id: &str| -> String {
+        let (_, rest) = body
+            .split_once(&format!(r#"id="{id}" href=""#))
+            .unwrap_or_else(|| panic!("no {id} in {body}"));
+        rest[..rest.find('"').expect("href's end")].replace("&amp;", "&")
+    };
+
+    escaped("the overview", &console.get("/", &auth).await, 200);
+    escaped("the list", &console.get("/dead-letters", &auth).await, 200);
+    let fields = [
+        "event_type",
+        "aggregate_type",
+        "aggregate_id",
+        "error",
+        "cause",
+    ];
+    let filter: Vec<(&str, &str)> = fields.iter().map(|f| (*f, NASTY)).collect();
+    let mut query = url::form_urlencoded::Serializer::new(String::new());
+    query.extend_pairs(&filter);
+    let filtered = console
+        .get(&format!("/dead-letters?{}", query.finish()), &auth)
+        .await;
+    escaped("the filtered list", &filtered, 200);
+    for field in fields {
+        assert!(
+            filtered
+                .body
+                .contains(&format!(r#"name="{field}" id="f-{field}" value="{HTML}">"#)),
+            "{field} in the form: {}",
+            filtered.body
+        );
+    }
+    let next = console.get(&link(&filtered.body, "next-page"), &auth).await;
+    escaped("the filtered list's next page", &next, 200);
+    assert!(
+        next.body.contains(&format!(r#"value="{}""#, ids[1])),
+        "the second: {}",
+        next.body
+    );
+    for id in &ids {
+        escaped(
+            "the detail view",
+            &console.get(&format!("/dead-letters/{id}"), &auth).await,
+            200,
+        );
+    }
+
+    // A value the database refuses is named in the error.
+    escaped(
+        "the error naming a value",
+        &console
+            .get(&format!("/dead-letters?since={URL}"), &auth)
+            .await,
+        400,
+    );
+
+    // A bulk action on that filter: its confirmation and its job page.
+    let mut form = filter.clone();
+    form.extend([("csrf", csrf.as_str()), ("action", "retry")]);
+    let confirm = console
+        .post("/dead-letters/bulk", &post_headers, &form)
+        .await;
+    escaped("the confirmation", &confirm, 200);
+    asks_to_confirm(&confirm, "2");
+    let upto = field(&confirm.body, "upto").expect("upto");
+    form.extend([("confirm", "yes"), ("upto", &upto), ("expected", "2")]);
+    let started = console
+        .post("/dead-letters/bulk", &post_headers, &form)
+        .await;
+    assert_eq!(started.status, 303, "{}", started.body);
+    let job = started.header("location").expect("the job").to_string();
+    job_done(&console, &job, &auth, "Done: 2 dead letters retried").await;
+    escaped("the job page", &console.get(&job, &auth).await, 200);
+
+    // A filter refused keeps what was right in it.
+    let long = "x".repeat(300);
+    let refused = console
+        .get(
+            &format!("/dead-letters?event_type={URL}&aggregate_id={long}"),
+            &auth,
+        )
+        .await;
+    escaped("the refused filter", &refused, 400);
+}
+
 /// `res` is the page that asks to confirm an action on `count` dead letters.
 fn asks_to_confirm(res: &Response, count: &str) {
     assert_eq!(res.status, 200, "{}", res.body);
