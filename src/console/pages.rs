@@ -11,7 +11,9 @@ use uuid::Uuid;
 
 use super::actions::{Action, Overview, BLOCKED_COUNTED, CAUSES_LOOKED, TOTAL_COUNTED};
 use super::bulk::JobState;
-use super::queries::{Cause, Detail, Filter, Follower, ListedDeadLetter, PerMinute, ReportedRelay};
+use super::queries::{
+    Cause, Detail, Filter, Follower, Key, ListedDeadLetter, PerMinute, ReportedRelay, Sort,
+};
 use super::{App, Caller, Identity};
 use crate::timestamp::Timestamp;
 
@@ -39,7 +41,7 @@ button.danger{background:#b3261e;color:#fff;border:0;padding:.35em .9em}
 svg .legend-published{fill:#3d6fd6}svg .legend-dead{fill:#b3261e}
 .login{max-width:26em;margin:12vh auto;background:#fff;border:1px solid #dde1e7;padding:1.2em 1.6em}
 .login label{display:flex;flex-direction:column;gap:.3em;margin:.6em 0}.login input{padding:.4em}
-.age{color:#667;font-size:.85em}tr.stale td{color:#b3261e}.source{color:#556;font-size:.85em}input.wrong{border:2px solid #b3261e}.big{background:#fff8e1;border:1px solid #e8cf7a;padding:.4em .8em}
+.age{color:#667;font-size:.85em}tr.stale td{color:#b3261e}.source{color:#556;font-size:.85em}input.wrong,select.wrong{border:2px solid #b3261e}.big{background:#fff8e1;border:1px solid #e8cf7a;padding:.4em .8em}
 ";
 
 /// Whether [`finish`] writes `c` as `\u{..}`: a control character (but newline and tab, which a
@@ -472,7 +474,7 @@ pub(crate) fn overview(app: &App, who: &Identity, o: &Overview) -> Html<String> 
 
         @if !o.causes.0.is_empty() {
             h2 { "Dead letters by cause" }
-            (causes_table(app, "causes", &Filter::default(), &o.causes, &o.now))
+            (causes_table(app, "causes", &Filter::default(), Sort::default(), &o.causes, &o.now))
         }
 
         @match &o.reported {
@@ -506,12 +508,13 @@ pub(crate) fn overview(app: &App, who: &Identity, o: &Overview) -> Html<String> 
     layout(app, Some(who), "Overview", Some(10), body)
 }
 
-/// Dead letters by cause (`id`: the table's), each linking to the list filtered to it; `filter`:
-/// the list's, which the links keep. Says when the count stopped at [`CAUSES_LOOKED`].
+/// Dead letters by cause (`id`: the table's), each linking to the list filtered to it; `filter`
+/// and `sort`: the list's, which the links keep. Says when the count stopped at [`CAUSES_LOOKED`].
 fn causes_table(
     app: &App,
     id: &str,
     filter: &Filter,
+    sort: Sort,
     causes: &(Vec<Cause>, i64),
     now: &Timestamp,
 ) -> Markup {
@@ -523,6 +526,7 @@ fn causes_table(
             .filter(|(k, _)| *k != "cause")
             .collect();
         pairs.push(("cause", cause));
+        pairs.extend(sort.pair());
         format!("{}{}", app.href("/dead-letters"), query(&pairs))
     };
     html! {
@@ -563,8 +567,17 @@ pub(crate) fn notice(done: Option<Action>, n: Option<u64>) -> Markup {
     }
 }
 
-/// The list's filter form; `wrong`: the field to mark as the one refused.
-fn filter_form(app: &App, filter: &Filter, wrong: Option<&str>) -> Markup {
+/// What the list's order is called in its form.
+fn sort_label(sort: Sort) -> &'static str {
+    match sort {
+        Sort::Seq => "by seq (as written)",
+        Sort::Dead => "by time dead",
+    }
+}
+
+/// The list's filter form, with its order; `wrong`: the field to mark as the one refused.
+fn filter_form(app: &App, filter: &Filter, sort: Sort, wrong: Option<&str>) -> Markup {
+    let sort_marked = wrong == Some("sort");
     let field = |name: &str, label: &str, value: Option<&str>| {
         let marked = wrong == Some(name);
         html! {
@@ -584,9 +597,19 @@ fn filter_form(app: &App, filter: &Filter, wrong: Option<&str>) -> Markup {
             (field("since", "Dead since", filter.since.as_deref()))
             (field("until", "Dead before", filter.until.as_deref()))
             (field("cause", "Cause", filter.cause.as_deref()))
+            label {
+                "Order "
+                select name="sort" id="f-sort" class=[sort_marked.then_some("wrong")]
+                    aria-invalid=[sort_marked.then_some("true")] {
+                    @for s in Sort::ALL {
+                        option value=(s.name()) selected[s == sort] { (sort_label(s)) }
+                    }
+                }
+            }
             button id="apply-filter" { "Filter" }
             " "
-            a href=(app.href("/dead-letters")) { "Clear" }
+            // Clears the filter, keeps the order.
+            a href={ (app.href("/dead-letters")) (query(&Vec::from_iter(sort.pair()))) } { "Clear" }
         }
     }
 }
@@ -607,13 +630,14 @@ pub(crate) fn filter_refused(
     app: &App,
     who: &Identity,
     kept: &Filter,
+    sort: Sort,
     field: &str,
     message: &str,
 ) -> Html<String> {
     let body = html! {
         h1 { "Dead letters" }
         p class="problem" id="refused" { (message) }
-        (filter_form(app, kept, Some(field)))
+        (filter_form(app, kept, sort, Some(field)))
     };
     layout(app, Some(who), "Dead letters", None, body)
 }
@@ -621,15 +645,16 @@ pub(crate) fn filter_refused(
 /// What the dead-letter list shows.
 pub(crate) struct ListPage<'a> {
     pub(crate) filter: &'a Filter,
+    pub(crate) sort: Sort,
     pub(crate) rows: &'a [ListedDeadLetter],
     /// How many match, counted up to [`TOTAL_COUNTED`] + 1.
     pub(crate) total: i64,
     /// The causes of the matching dead letters (first page only).
     pub(crate) causes: Option<&'a (Vec<Cause>, i64)>,
-    /// The seq the previous page ends before, if there is one.
-    pub(crate) prev_before: Option<i64>,
-    /// The seq the next page starts after, if there is one.
-    pub(crate) next_after: Option<i64>,
+    /// The place the previous page ends before, if there is one.
+    pub(crate) prev_before: Option<Key>,
+    /// The place the next page starts after, if there is one.
+    pub(crate) next_after: Option<Key>,
     pub(crate) first_page: bool,
     pub(crate) notice: &'a Markup,
     /// The database's clock (for the ages).
@@ -671,6 +696,7 @@ fn list_table(app: &App, rows: &[ListedDeadLetter], now: &Timestamp, select: boo
 pub(crate) fn dead_letters(app: &App, who: &Identity, page: &ListPage) -> Html<String> {
     let ListPage {
         filter,
+        sort,
         rows,
         total,
         causes,
@@ -681,11 +707,13 @@ pub(crate) fn dead_letters(app: &App, who: &Identity, page: &ListPage) -> Html<S
         now,
     } = *page;
     let actions = !app.config.read_only;
-    let link = |at: Option<(&str, i64)>| {
+    // The filter and the order stay in every link.
+    let link = |at: Option<(&str, Key)>| {
         let mut pairs = filter.pairs();
-        let seq = at.map(|(_, seq)| seq.to_string());
-        if let (Some((name, _)), Some(seq)) = (at, seq.as_deref()) {
-            pairs.push((name, seq));
+        pairs.extend(sort.pair());
+        let place = at.map(|(_, key)| key.param(sort));
+        if let (Some((name, _)), Some(place)) = (at, place.as_deref()) {
+            pairs.push((name, place));
         }
         format!("{}{}", app.href("/dead-letters"), query(&pairs))
     };
@@ -703,7 +731,7 @@ pub(crate) fn dead_letters(app: &App, who: &Identity, page: &ListPage) -> Html<S
         h1 { "Dead letters" }
         (notice)
         (jump_form(app))
-        (filter_form(app, filter, None))
+        (filter_form(app, filter, sort, None))
         p id="total" {
             strong {
                 @if total > TOTAL_COUNTED { (num(TOTAL_COUNTED)) "+" } @else { (num(total)) }
@@ -712,7 +740,7 @@ pub(crate) fn dead_letters(app: &App, who: &Identity, page: &ListPage) -> Html<S
         }
         @if let Some(causes) = causes.filter(|c| !c.0.is_empty()) {
             h2 { "By cause" }
-            (causes_table(app, "list-causes", filter, causes, now))
+            (causes_table(app, "list-causes", filter, sort, causes, now))
         }
         @if actions {
             form method="post" action=(app.href("/dead-letters/bulk")) id="bulk" class="actions" {
