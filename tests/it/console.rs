@@ -1744,7 +1744,7 @@ async fn dead_letters_are_grouped_by_cause_and_a_group_is_discarded_whole() {
 
 /// A value holding markup, both quotes and an ampersand (one that already reads as an entity) is
 /// escaped in every place a page shows it: each field of a row on the overview (blocked aggregates,
-/// causes), the list and the detail view (payload, headers, followers), the filter form and the
+/// causes, a relay's report), the list and the detail view (payload, headers, followers), the filter form and the
 /// links of a filtered list, the confirmation and the job page of a bulk action, a filter refused,
 /// and the error that names a value. Wherever its marker stands, it stands inside the escaped
 /// value (or, in a link, the URL-encoded one).
@@ -1780,6 +1780,15 @@ async fn markup_quotes_and_ampersands_are_escaped_wherever_a_page_shows_a_value(
         )
         .await
         .expect("followers");
+    // A relay's report is a row too.
+    client
+        .execute(
+            "INSERT INTO outbox_relays (id, host, pid, version, source, slot, interval_seconds)
+             VALUES ($1, $2, 1, $2, $2, $2, 5)",
+            &[&Uuid::new_v4(), &NASTY],
+        )
+        .await
+        .expect("a relay");
     let console = Console::start(&db, |c| c.page_size = 1).await;
     let (cookie, csrf) = console.session().await;
     let auth = [("cookie", cookie.as_str())];
@@ -1811,7 +1820,14 @@ async fn markup_quotes_and_ampersands_are_escaped_wherever_a_page_shows_a_value(
         rest[..rest.find('"').expect("href's end")].replace("&amp;", "&")
     };
 
-    escaped("the overview", &console.get("/", &auth).await, 200);
+    let overview = console.get("/", &auth).await;
+    escaped("the overview", &overview, 200);
+    let relays = section(&overview.body, r#"<table id="relays">"#);
+    assert_eq!(
+        relays.matches(HTML).count(),
+        4,
+        "host, source, slot and version: {relays}"
+    );
     escaped("the list", &console.get("/dead-letters", &auth).await, 200);
     let fields = [
         "event_type",
