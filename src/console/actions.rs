@@ -94,13 +94,14 @@ pub(crate) async fn page(
     client: &mut Client,
     schema: Option<&str>,
     filter: &Filter,
+    sort: queries::Sort,
     from: queries::From,
     limit: i64,
     with_causes: bool,
 ) -> Result<Listed> {
     let mut outbox = outbox(client, schema)?;
     let tx = outbox.checked_transaction().await?;
-    let rows = queries::page(&tx, filter, from, limit).await?;
+    let rows = queries::page(&tx, filter, sort, from, limit).await?;
     let causes = match with_causes {
         true => Some(queries::causes(&tx, filter, CAUSES_LOOKED, CAUSES_LISTED).await?),
         false => None,

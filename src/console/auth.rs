@@ -12,7 +12,7 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::{pages, App};
+use super::{pages, App, Caller, Identity};
 
 /// The session cookie's name.
 pub(crate) const COOKIE: &str = "outbox_console_session";
@@ -121,39 +121,6 @@ impl Throttle {
             "console: wrong token"
         );
         tokio::time::sleep(delay).await;
-    }
-}
-
-/// How a request proved the token.
-#[derive(Debug, Clone)]
-pub(crate) enum Caller {
-    /// A login session: forms carry its CSRF token.
-    Session { id: String, csrf: String },
-    /// `Authorization: Bearer`: not sent by a browser on its own, so no CSRF token.
-    Bearer,
-}
-
-/// Who asked, for handlers: how, and from which address (the audit log).
-#[derive(Debug, Clone)]
-pub(crate) struct Identity {
-    pub(crate) caller: Caller,
-    pub(crate) addr: Option<SocketAddr>,
-}
-
-impl Identity {
-    /// The CSRF token forms of this caller carry (none for bearer callers).
-    pub(crate) fn csrf(&self) -> &str {
-        match &self.caller {
-            Caller::Session { csrf, .. } => csrf,
-            Caller::Bearer => "",
-        }
-    }
-
-    /// The client address for the audit log.
-    pub(crate) fn from(&self) -> String {
-        self.addr
-            .map(|a| a.to_string())
-            .unwrap_or_else(|| "unknown".into())
     }
 }
 

@@ -181,6 +181,41 @@ pub(crate) struct App {
     overview: tokio::sync::Mutex<Option<(Instant, Arc<actions::Overview>)>>,
 }
 
+/// How a request proved the token. (Made by the guard in `auth`, read by the handlers and the
+/// pages: here, beside [`App`], so that `pages` depends on neither `auth` nor `routes`, which
+/// both render pages.)
+#[derive(Debug, Clone)]
+pub(crate) enum Caller {
+    /// A login session: forms carry its CSRF token.
+    Session { id: String, csrf: String },
+    /// `Authorization: Bearer`: not sent by a browser on its own, so no CSRF token.
+    Bearer,
+}
+
+/// Who asked, for handlers: how, and from which address (the audit log).
+#[derive(Debug, Clone)]
+pub(crate) struct Identity {
+    pub(crate) caller: Caller,
+    pub(crate) addr: Option<std::net::SocketAddr>,
+}
+
+impl Identity {
+    /// The CSRF token forms of this caller carry (none for bearer callers).
+    pub(crate) fn csrf(&self) -> &str {
+        match &self.caller {
+            Caller::Session { csrf, .. } => csrf,
+            Caller::Bearer => "",
+        }
+    }
+
+    /// The client address for the audit log.
+    pub(crate) fn from(&self) -> String {
+        self.addr
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| "unknown".into())
+    }
+}
+
 /// How long one reading of the overview serves every browser.
 const OVERVIEW_FRESH: Duration = Duration::from_secs(5);
 

@@ -4,7 +4,8 @@
 
 use std::sync::LazyLock;
 
-use tokio_postgres::types::{ToSql, Type};
+use bytes::BytesMut;
+use tokio_postgres::types::{to_sql_checked, FromSql, IsNull, ToSql, Type};
 use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
@@ -19,6 +20,16 @@ static PAGE: LazyLock<String> = LazyLock::new(|| {
 static PAGE_BEFORE: LazyLock<String> = LazyLock::new(|| {
     filtered(include_str!(
         "../../sql/queries/console/dead_letters_page_before.sql"
+    ))
+});
+static PAGE_DEAD: LazyLock<String> = LazyLock::new(|| {
+    filtered(include_str!(
+        "../../sql/queries/console/dead_letters_page_dead.sql"
+    ))
+});
+static PAGE_DEAD_BEFORE: LazyLock<String> = LazyLock::new(|| {
+    filtered(include_str!(
+        "../../sql/queries/console/dead_letters_page_dead_before.sql"
     ))
 });
 static TOTAL: LazyLock<String> = LazyLock::new(|| {
@@ -199,6 +210,125 @@ pub(crate) fn cause_word(cause: &str) -> &str {
         .unwrap_or("")
 }
 
+/// The order of the dead-letter list (its `sort` parameter).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum Sort {
+    /// By seq, the order the events were written in (the default).
+    #[default]
+    Seq,
+    /// By the time they were dead-lettered, then by seq.
+    Dead,
+}
+
+impl Sort {
+    /// Every order, as the list offers them.
+    pub(crate) const ALL: [Sort; 2] = [Sort::Seq, Sort::Dead];
+
+    /// From the `sort` parameter: `seq` or `dead`; empty or absent, the default.
+    pub(crate) fn parse(value: Option<&str>) -> Option<Sort> {
+        match value.map(str::trim).unwrap_or("") {
+            "" | "seq" => Some(Sort::Seq),
+            "dead" => Some(Sort::Dead),
+            _ => None,
+        }
+    }
+
+    /// Its value of the `sort` parameter.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Sort::Seq => "seq",
+            Sort::Dead => "dead",
+        }
+    }
+
+    /// `("sort", name)` for a link that keeps this order; none for the default, whose links stay
+    /// as they were before there was a choice.
+    pub(crate) fn pair(self) -> Option<(&'static str, &'static str)> {
+        (self != Sort::Seq).then_some(("sort", self.name()))
+    }
+}
+
+/// A `timestamptz` exactly as PostgreSQL stores it: microseconds from 2000-01-01 UTC, `i64::MIN`
+/// and `i64::MAX` being `-infinity` and `infinity`. Read from a row and sent back unconverted, so
+/// that the list's keyset by time dead compares exactly what the rows hold, whatever they hold
+/// (a value written by raw SQL may be any of them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stored(pub(crate) i64);
+
+impl<'a> FromSql<'a> for Stored {
+    fn from_sql(
+        _: &Type,
+        raw: &'a [u8],
+    ) -> std::result::Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        let bytes: [u8; 8] = raw
+            .try_into()
+            .map_err(|_| format!("a timestamp is 8 bytes, got {}", raw.len()))?;
+        Ok(Stored(i64::from_be_bytes(bytes)))
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::TIMESTAMPTZ
+    }
+}
+
+impl ToSql for Stored {
+    fn to_sql(
+        &self,
+        _: &Type,
+        out: &mut BytesMut,
+    ) -> std::result::Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        out.extend_from_slice(&self.0.to_be_bytes());
+        Ok(IsNull::No)
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::TIMESTAMPTZ
+    }
+
+    to_sql_checked!();
+}
+
+/// A row's place in the list's order: its seq and, by time dead, its `dead_lettered_at`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Key {
+    pub(crate) dead: Stored,
+    pub(crate) seq: i64,
+}
+
+impl Key {
+    /// Before every row, in either order: where the first page starts.
+    pub(crate) const START: Key = Key {
+        dead: Stored(i64::MIN),
+        seq: i64::MIN,
+    };
+
+    /// As a link's `after` or `before` in the order `sort`: the seq by seq; by time dead, the
+    /// time as stored and the seq, `MICROSECONDS_SEQ` (exact, whatever the time).
+    pub(crate) fn param(self, sort: Sort) -> String {
+        match sort {
+            Sort::Seq => self.seq.to_string(),
+            Sort::Dead => format!("{}_{}", self.dead.0, self.seq),
+        }
+    }
+
+    /// From a link's `after` or `before` ([`Key::param`]).
+    pub(crate) fn parse(value: &str, sort: Sort) -> Option<Key> {
+        match sort {
+            Sort::Seq => value.parse().ok().map(|seq| Key {
+                dead: Stored(i64::MIN),
+                seq,
+            }),
+            Sort::Dead => {
+                let (dead, seq) = value.split_once('_')?;
+                Some(Key {
+                    dead: Stored(dead.parse().ok()?),
+                    seq: seq.parse().ok()?,
+                })
+            }
+        }
+    }
+}
+
 /// One row of the dead-letter list.
 #[derive(Debug, Clone)]
 pub(crate) struct ListedDeadLetter {
@@ -211,6 +341,8 @@ pub(crate) struct ListedDeadLetter {
     pub(crate) last_error: Option<String>,
     pub(crate) created_at: Timestamp,
     pub(crate) dead_lettered_at: Timestamp,
+    /// Its place in the list's order (either).
+    pub(crate) key: Key,
 }
 
 fn typed<'a>(
@@ -228,32 +360,53 @@ fn typed<'a>(
 /// Where a page of the list starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum From {
-    /// The first rows after this seq (`i64::MIN`: the first page).
-    After(i64),
-    /// The last rows before this seq (a previous page).
-    Before(i64),
+    /// The first rows after this place ([`Key::START`]: the first page).
+    After(Key),
+    /// The last rows before this place (a previous page).
+    Before(Key),
 }
 
-/// Up to `limit` dead letters matching `filter` from `from`, in seq order.
+/// Up to `limit` dead letters matching `filter` from `from`, in the order `sort`.
 pub(crate) async fn page<C: GenericClient + Sync>(
     client: &C,
     filter: &Filter,
+    sort: Sort,
     from: From,
     limit: i64,
 ) -> Result<Vec<ListedDeadLetter>> {
     let values = filter.params();
-    let (sql, seq) = match from {
-        From::After(seq) => (&*PAGE, seq),
-        From::Before(seq) => (&*PAGE_BEFORE, seq),
+    let (key, before) = match from {
+        From::After(key) => (key, false),
+        From::Before(key) => (key, true),
     };
-    let rest: [(&(dyn ToSql + Sync), Type); 2] = [(&seq, Type::INT8), (&limit, Type::INT8)];
-    let rows = client.query_typed(sql, &typed(&values, &rest)).await?;
+    let rows = match sort {
+        Sort::Seq => {
+            let sql = if before { &*PAGE_BEFORE } else { &*PAGE };
+            let rest: [(&(dyn ToSql + Sync), Type); 2] =
+                [(&key.seq, Type::INT8), (&limit, Type::INT8)];
+            client.query_typed(sql, &typed(&values, &rest)).await?
+        }
+        Sort::Dead => {
+            let sql = if before {
+                &*PAGE_DEAD_BEFORE
+            } else {
+                &*PAGE_DEAD
+            };
+            let rest: [(&(dyn ToSql + Sync), Type); 3] = [
+                (&key.dead, Type::TIMESTAMPTZ),
+                (&key.seq, Type::INT8),
+                (&limit, Type::INT8),
+            ];
+            client.query_typed(sql, &typed(&values, &rest)).await?
+        }
+    };
     let mut rows = rows
         .iter()
         .map(|r| {
+            let seq = r.try_get("seq")?;
             Ok(ListedDeadLetter {
                 id: r.try_get("id")?,
-                seq: r.try_get("seq")?,
+                seq,
                 aggregate_type: r.try_get("aggregate_type")?,
                 aggregate_id: r.try_get("aggregate_id")?,
                 event_type: r.try_get("event_type")?,
@@ -261,10 +414,14 @@ pub(crate) async fn page<C: GenericClient + Sync>(
                 last_error: r.try_get("last_error")?,
                 created_at: r.try_get("created_at")?,
                 dead_lettered_at: r.try_get("dead_lettered_at")?,
+                key: Key {
+                    dead: r.try_get("dead_lettered_at")?,
+                    seq,
+                },
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    if matches!(from, From::Before(_)) {
+    if before {
         rows.reverse();
     }
     Ok(rows)
@@ -588,5 +745,54 @@ mod tests {
         assert_eq!(f.pairs(), vec![("event_type", "order.created")]);
         assert!(!f.is_empty());
         assert!(Filter::from_pairs([("since", "  ")]).is_empty());
+    }
+
+    #[test]
+    fn sorts_and_places_read_back_what_links_write() {
+        assert_eq!(Sort::parse(None), Some(Sort::Seq));
+        assert_eq!(Sort::parse(Some("")), Some(Sort::Seq));
+        assert_eq!(Sort::parse(Some("seq")), Some(Sort::Seq));
+        assert_eq!(Sort::parse(Some("dead")), Some(Sort::Dead));
+        assert_eq!(Sort::parse(Some("Dead")), None);
+        assert_eq!(Sort::parse(Some("newest")), None);
+        for sort in Sort::ALL {
+            assert_eq!(Sort::parse(Some(sort.name())), Some(sort));
+        }
+        assert_eq!(
+            Sort::Seq.pair(),
+            None,
+            "the default's links stay as they were"
+        );
+        assert_eq!(Sort::Dead.pair(), Some(("sort", "dead")));
+
+        let key = Key {
+            dead: Stored(851_234_567_890_123),
+            seq: 42,
+        };
+        assert_eq!(key.param(Sort::Seq), "42");
+        assert_eq!(key.param(Sort::Dead), "851234567890123_42");
+        assert_eq!(Key::parse("851234567890123_42", Sort::Dead), Some(key));
+        assert_eq!(Key::parse("42", Sort::Seq).map(|k| k.seq), Some(42));
+        for key in [
+            Key::START,
+            Key {
+                dead: Stored(i64::MAX),
+                seq: 7,
+            },
+            Key {
+                dead: Stored(-5),
+                seq: 1,
+            },
+        ] {
+            assert_eq!(Key::parse(&key.param(Sort::Dead), Sort::Dead), Some(key));
+        }
+        assert_eq!(
+            Key::parse(&Key::START.param(Sort::Seq), Sort::Seq),
+            Some(Key::START)
+        );
+        for bad in ["", "42", "_42", "1_", "x_1", "1_2_3"] {
+            assert_eq!(Key::parse(bad, Sort::Dead), None, "{bad:?}");
+        }
+        assert_eq!(Key::parse("1_2", Sort::Seq), None);
     }
 }

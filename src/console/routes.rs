@@ -13,11 +13,11 @@ use axum::{Extension, Router};
 use uuid::Uuid;
 
 use super::actions::{self, Action};
-use super::auth::{self, Identity};
+use super::auth;
 use super::bulk;
 use super::pages::{self, Scope};
-use super::queries::{Filter, From};
-use super::App;
+use super::queries::{Filter, From, Key, Sort};
+use super::{App, Identity};
 use crate::error::{Error, ErrorKind};
 
 /// Ids one selection may name (a page holds at most 1000 rows).
@@ -135,39 +135,45 @@ async fn list(
     RawQuery(raw): RawQuery,
 ) -> Response {
     let q = pairs(raw.as_deref().unwrap_or("").as_bytes());
+    // The form again, with what was right in it and the field that was wrong (a value over its
+    // cap or an order there is not: neither echoed).
+    let refused = |field: &str, wrong: &str, sort: Sort| {
+        let mut kept = Filter::from_pairs(q.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        kept.clear(field);
+        (
+            StatusCode::BAD_REQUEST,
+            pages::filter_refused(&app, &who, &kept, sort, field, wrong),
+        )
+            .into_response()
+    };
     let filter = match filter_of(&q) {
         Ok(filter) => filter,
         Err(wrong) => {
-            // The form again, with what was right in it and the field that was wrong.
-            let (mut kept, field) = (
-                Filter::from_pairs(q.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
-                wrong.split(':').next().unwrap_or_default(),
-            );
-            kept.clear(field);
-            return (
-                StatusCode::BAD_REQUEST,
-                pages::filter_refused(&app, &who, &kept, field, &wrong),
-            )
-                .into_response();
+            let field = wrong.split(':').next().unwrap_or_default();
+            let sort = Sort::parse(value(&q, "sort")).unwrap_or_default();
+            return refused(field, &wrong, sort);
         }
     };
-    let seq = |name: &str| match value(&q, name).filter(|v| !v.is_empty()) {
-        None => Ok(None),
-        Some(v) => v
-            .parse::<i64>()
-            .map(Some)
-            .map_err(|_| format!("{name}: not a seq")),
+    let Some(sort) = Sort::parse(value(&q, "sort")) else {
+        return refused("sort", "sort: not seq or dead", Sort::default());
     };
-    let from = match (seq("after"), seq("before")) {
+    let place = |name: &str| match value(&q, name).filter(|v| !v.is_empty()) {
+        None => Ok(None),
+        Some(v) => Key::parse(v, sort).map(Some).ok_or(match sort {
+            Sort::Seq => format!("{name}: not a seq"),
+            Sort::Dead => format!("{name}: not a place in the list by time dead"),
+        }),
+    };
+    let from = match (place("after"), place("before")) {
         (Err(wrong), _) | (_, Err(wrong)) => return bad_request(&app, &who, &wrong),
         (Ok(Some(_)), Ok(Some(_))) => {
             return bad_request(&app, &who, "after, before: one or the other")
         }
         (Ok(Some(after)), Ok(None)) => From::After(after),
         (Ok(None), Ok(Some(before))) => From::Before(before),
-        (Ok(None), Ok(None)) => From::After(i64::MIN),
+        (Ok(None), Ok(None)) => From::After(Key::START),
     };
-    let first_page = from == From::After(i64::MIN);
+    let first_page = from == From::After(Key::START);
     let notice = pages::notice(
         value(&q, "done").and_then(Action::parse),
         value(&q, "n").and_then(|n| n.parse().ok()),
@@ -180,6 +186,7 @@ async fn list(
             &mut client,
             app.schema(),
             &filter,
+            sort,
             from,
             limit + 1,
             first_page,
@@ -195,9 +202,9 @@ async fn list(
             let (prev, next) = match from {
                 From::After(after) => {
                     rows.truncate(limit as usize);
-                    let next = more.then(|| rows.last().map(|r| r.seq)).flatten();
-                    let prev = (after != i64::MIN)
-                        .then(|| rows.first().map(|r| r.seq))
+                    let next = more.then(|| rows.last().map(|r| r.key)).flatten();
+                    let prev = (after != Key::START)
+                        .then(|| rows.first().map(|r| r.key))
                         .flatten();
                     (prev, next)
                 }
@@ -205,12 +212,13 @@ async fn list(
                     if more {
                         rows.remove(0);
                     }
-                    let prev = more.then(|| rows.first().map(|r| r.seq)).flatten();
-                    (prev, rows.last().map(|r| r.seq))
+                    let prev = more.then(|| rows.first().map(|r| r.key)).flatten();
+                    (prev, rows.last().map(|r| r.key))
                 }
             };
             let page = pages::ListPage {
                 filter: &filter,
+                sort,
                 rows: &listed.rows,
                 total: listed.total,
                 causes: listed.causes.as_ref(),

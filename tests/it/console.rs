@@ -1742,6 +1742,183 @@ async fn dead_letters_are_grouped_by_cause_and_a_group_is_discarded_whole() {
     assert!(!causes.contains(big) && causes.contains(hdr), "{causes}");
 }
 
+/// A value holding markup, both quotes and an ampersand (one that already reads as an entity) is
+/// escaped in every place a page shows it: each field of a row on the overview (blocked aggregates,
+/// causes, a relay's report), the list and the detail view (payload, headers, followers), the filter form and the
+/// links of a filtered list, the confirmation and the job page of a bulk action, a filter refused,
+/// and the error that names a value. Wherever its marker stands, it stands inside the escaped
+/// value (or, in a link, the URL-encoded one).
+#[tokio::test]
+async fn markup_quotes_and_ampersands_are_escaped_wherever_a_page_shows_a_value() {
+    const NASTY: &str = "<script>zqzq</script>\"'&amp;";
+    // As text and attribute values; in JSON (payload, headers) and in the job's description,
+    // where `"` is `\"`; URL-encoded in links.
+    const HTML: &str = "&lt;script&gt;zqzq&lt;/script&gt;&quot;&#39;&amp;amp;";
+    const QUOTED: &str = "&lt;script&gt;zqzq&lt;/script&gt;\\&quot;&#39;&amp;amp;";
+    const URL: &str = "%3Cscript%3Ezqzq%3C%2Fscript%3E%22%27%26amp%3B";
+    let db = shared_pg().create_migrated_database().await;
+    let client = testkit::pg_client(&db).await;
+    let payload = serde_json::json!({ "note": NASTY }).to_string();
+    let headers = serde_json::json!({ "x-note": NASTY }).to_string();
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let id = dead_letter(&client, NASTY, NASTY, &payload, NASTY).await;
+        client
+            .execute(
+                "UPDATE outbox_events SET aggregate_type = $2, headers = $3::text::jsonb WHERE id = $1",
+                &[&id, &NASTY, &headers],
+            )
+            .await
+            .expect("aggregate type and headers");
+        ids.push(id);
+    }
+    client
+        .execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+             SELECT $1, $1, $1, '{}' FROM generate_series(1, 2)",
+            &[&NASTY],
+        )
+        .await
+        .expect("followers");
+    // A relay's report is a row too.
+    client
+        .execute(
+            "INSERT INTO outbox_relays (id, host, pid, version, source, slot, interval_seconds)
+             VALUES ($1, $2, 1, $2, $2, $2, 5)",
+            &[&Uuid::new_v4(), &NASTY],
+        )
+        .await
+        .expect("a relay");
+    let console = Console::start(&db, |c| c.page_size = 1).await;
+    let (cookie, csrf) = console.session().await;
+    let auth = [("cookie", cookie.as_str())];
+    let origin = console.origin();
+    let post_headers = [("cookie", cookie.as_str()), ("origin", origin.as_str())];
+
+    let escaped = |what: &str, res: &Response, status: u16| {
+        assert_eq!(res.status, status, "{what}: {}", res.body);
+        assert!(
+            res.body.contains(HTML) || res.body.contains(QUOTED),
+            "{what} shows the value: {}",
+            res.body
+        );
+        let rest = res
+            .body
+            .replace(HTML, "")
+            .replace(QUOTED, "")
+            .replace(URL, "");
+        assert!(
+            !rest.contains("zqzq"),
+            "{what} shows the value unescaped: {}",
+            res.body
+        );
+    };
+    let link = |body: &str, id: &str| -> String {
+        let (_, rest) = body
+            .split_once(&format!(r#"id="{id}" href=""#))
+            .unwrap_or_else(|| panic!("no {id} in {body}"));
+        rest[..rest.find('"').expect("href's end")].replace("&amp;", "&")
+    };
+
+    let overview = console.get("/", &auth).await;
+    escaped("the overview", &overview, 200);
+    let relays = section(&overview.body, r#"<table id="relays">"#);
+    assert_eq!(
+        relays.matches(HTML).count(),
+        4,
+        "host, source, slot and version: {relays}"
+    );
+    escaped("the list", &console.get("/dead-letters", &auth).await, 200);
+    let fields = [
+        "event_type",
+        "aggregate_type",
+        "aggregate_id",
+        "error",
+        "cause",
+    ];
+    let filter: Vec<(&str, &str)> = fields.iter().map(|f| (*f, NASTY)).collect();
+    let mut query = url::form_urlencoded::Serializer::new(String::new());
+    query.extend_pairs(&filter);
+    query.append_pair("sort", "dead");
+    let filtered = console
+        .get(&format!("/dead-letters?{}", query.finish()), &auth)
+        .await;
+    escaped("the filtered list", &filtered, 200);
+    for field in fields {
+        assert!(
+            filtered
+                .body
+                .contains(&format!(r#"name="{field}" id="f-{field}" value="{HTML}">"#)),
+            "{field} in the form: {}",
+            filtered.body
+        );
+    }
+    let next = console.get(&link(&filtered.body, "next-page"), &auth).await;
+    escaped("the filtered list's next page", &next, 200);
+    assert!(
+        next.body.contains(&format!(r#"value="{}""#, ids[1])),
+        "the second: {}",
+        next.body
+    );
+    for id in &ids {
+        escaped(
+            "the detail view",
+            &console.get(&format!("/dead-letters/{id}"), &auth).await,
+            200,
+        );
+    }
+
+    // A value the database refuses is named in the error.
+    escaped(
+        "the error naming a value",
+        &console
+            .get(&format!("/dead-letters?since={URL}"), &auth)
+            .await,
+        400,
+    );
+
+    // A bulk action on that filter: its confirmation and its job page.
+    let mut form = filter.clone();
+    form.extend([("csrf", csrf.as_str()), ("action", "retry")]);
+    let confirm = console
+        .post("/dead-letters/bulk", &post_headers, &form)
+        .await;
+    escaped("the confirmation", &confirm, 200);
+    asks_to_confirm(&confirm, "2");
+    let upto = field(&confirm.body, "upto").expect("upto");
+    form.extend([("confirm", "yes"), ("upto", &upto), ("expected", "2")]);
+    let started = console
+        .post("/dead-letters/bulk", &post_headers, &form)
+        .await;
+    assert_eq!(started.status, 303, "{}", started.body);
+    let job = started.header("location").expect("the job").to_string();
+    job_done(&console, &job, &auth, "Done: 2 dead letters retried").await;
+    escaped("the job page", &console.get(&job, &auth).await, 200);
+
+    // A filter refused keeps what was right in it.
+    let long = "x".repeat(300);
+    let refused = console
+        .get(
+            &format!("/dead-letters?event_type={URL}&aggregate_id={long}"),
+            &auth,
+        )
+        .await;
+    escaped("the refused filter", &refused, 400);
+}
+
+/// `res` is the list's filter refused with `message`: the form again (a 400), with its event type
+/// `order.failed` kept and the wrong field marked as `marked` has it.
+fn refused_keeping_the_event_type(res: &Response, message: &str, marked: &str) {
+    assert_eq!(res.status, 400, "{}", res.body);
+    for part in [
+        message,
+        r#"name="event_type" id="f-event_type" value="order.failed">"#,
+        marked,
+    ] {
+        assert!(res.body.contains(part), "{part}: {}", res.body);
+    }
+}
+
 /// `res` is the page that asks to confirm an action on `count` dead letters.
 fn asks_to_confirm(res: &Response, count: &str) {
     assert_eq!(res.status, 200, "{}", res.body);
@@ -1957,26 +2134,192 @@ async fn the_list_counts_pages_back_and_forth_and_jumps_to_an_id() {
             &auth,
         )
         .await;
-    assert_eq!(res.status, 400, "{}", res.body);
-    assert!(
-        res.body.contains("aggregate_id: longer than 255"),
-        "{}",
-        res.body
-    );
-    assert!(
-        res.body
-            .contains(r#"name="event_type" id="f-event_type" value="order.failed">"#),
-        "{}",
-        res.body
-    );
-    assert!(
-        res.body.contains(
-            r#"name="aggregate_id" id="f-aggregate_id" value="" class="wrong" aria-invalid="true">"#
-        ),
-        "{}",
-        res.body
+    refused_keeping_the_event_type(
+        &res,
+        "aggregate_id: longer than 255",
+        r#"name="aggregate_id" id="f-aggregate_id" value="" class="wrong" aria-invalid="true">"#,
     );
     assert!(!res.body.contains(&long));
+}
+
+/// The list sorts by seq (the default, as before) or by the time its rows were dead-lettered
+/// (`sort=dead`: then by seq, to the microsecond, `-infinity` first), pages forward and back in
+/// either order with the filter and the order kept in its links, offers the order in its form, and
+/// refuses an order there is not (or a place that is not one of the order) with a 400 naming the
+/// field.
+#[tokio::test]
+async fn the_list_sorts_by_seq_or_by_time_dead_and_pages_both_ways_in_each() {
+    let db = shared_pg().create_migrated_database().await;
+    let client = testkit::pg_client(&db).await;
+    // Dead mostly in the reverse order of their seqs; 1 a microsecond after 2, 3 and 4 at the same
+    // time (their seqs decide), 7 at -infinity (a row written by hand may hold anything).
+    let dead_at = [
+        "2026-01-01 00:01:10+00",
+        "2026-01-01 00:01:00.000001+00",
+        "2026-01-01 00:01:00+00",
+        "2026-01-01 00:00:40+00",
+        "2026-01-01 00:00:40+00",
+        "2026-01-01 00:00:30+00",
+        "2026-01-01 00:00:20+00",
+        "-infinity",
+    ];
+    let mut ids = Vec::new();
+    for (i, at) in dead_at.iter().enumerate() {
+        let id = dead_letter(&client, &format!("s{i}"), "order.failed", "{}", "boom").await;
+        client
+            .execute(
+                "UPDATE outbox_events SET dead_lettered_at = $2::text::timestamptz WHERE id = $1",
+                &[&id, at],
+            )
+            .await
+            .expect("dead_lettered_at");
+        ids.push(id);
+    }
+    // Not matching the filter, dead before all of them.
+    dead_letter(&client, "other", "invoice.failed", "{}", "boom").await;
+    client
+        .batch_execute(
+            "UPDATE outbox_events SET dead_lettered_at = '-infinity' WHERE event_type = 'invoice.failed'",
+        )
+        .await
+        .expect("the other");
+    let console = Console::start(&db, |c| c.page_size = 3).await;
+    let cookie = console.login().await;
+    let auth = [("cookie", cookie.as_str())];
+    // The rows of a page, in the order it shows them.
+    let shown = |body: &str| -> Vec<usize> {
+        let mut at: Vec<(usize, usize)> = (0..ids.len())
+            .filter_map(|i| body.find(&format!(r#"value="{}""#, ids[i])).map(|p| (p, i)))
+            .collect();
+        at.sort();
+        at.into_iter().map(|(_, i)| i).collect()
+    };
+    let link = |body: &str, id: &str| -> Option<String> {
+        let (_, rest) = body.split_once(&format!(r#"id="{id}" href=""#))?;
+        Some(rest[..rest.find('"')?].replace("&amp;", "&"))
+    };
+    // The order a link keeps (the default's links name none, as before there was a choice).
+    let kept = |link: &str| -> &'static str {
+        match link.contains("sort=dead") {
+            true => "dead",
+            false if !link.contains("sort=") => "seq",
+            false => "neither",
+        }
+    };
+    // Every page forward from `path`, then every page back from the last.
+    let walk = |path: String, sort: &'static str| {
+        let (console, auth) = (&console, &auth);
+        async move {
+            let (mut forward, mut back) = (Vec::new(), Vec::new());
+            let mut path = path;
+            let last = loop {
+                let res = console.get(&path, auth).await;
+                assert_eq!(res.status, 200, "{path}: {}", res.body);
+                assert!(
+                    res.body
+                        .contains(r#"<p id="total"><strong>8</strong> dead letters match.</p>"#),
+                    "{}",
+                    res.body
+                );
+                assert!(
+                    res.body
+                        .contains(&format!(r#"<option value="{sort}" selected>"#)),
+                    "the form shows the order: {}",
+                    res.body
+                );
+                forward.push(shown(&res.body));
+                match link(&res.body, "next-page") {
+                    Some(next) => path = next,
+                    None => break res,
+                }
+            };
+            let mut res = last;
+            while let Some(prev) = link(&res.body, "prev-page") {
+                assert!(
+                    prev.contains("event_type=order.failed"),
+                    "the filter stays: {prev}"
+                );
+                assert_eq!(kept(&prev), sort, "the order stays: {prev}");
+                res = console.get(&prev, auth).await;
+                assert_eq!(res.status, 200, "{prev}: {}", res.body);
+                back.push(shown(&res.body));
+                let next = link(&res.body, "next-page").expect("a next page");
+                assert_eq!(kept(&next), sort, "the order stays: {next}");
+            }
+            (forward, back)
+        }
+    };
+
+    let (forward, back) = walk("/dead-letters?event_type=order.failed".into(), "seq").await;
+    assert_eq!(
+        forward,
+        [vec![0, 1, 2], vec![3, 4, 5], vec![6, 7]],
+        "by seq"
+    );
+    assert_eq!(back, [vec![3, 4, 5], vec![0, 1, 2]]);
+    let (explicit, _) = walk(
+        "/dead-letters?event_type=order.failed&sort=seq".into(),
+        "seq",
+    )
+    .await;
+    assert_eq!(explicit, forward, "sort=seq is the default");
+
+    let (forward, back) = walk(
+        "/dead-letters?event_type=order.failed&sort=dead".into(),
+        "dead",
+    )
+    .await;
+    assert_eq!(
+        forward,
+        [vec![7, 6, 5], vec![3, 4, 2], vec![1, 0]],
+        "by time dead, then seq"
+    );
+    assert_eq!(back, [vec![3, 4, 2], vec![7, 6, 5]]);
+
+    // The causes' links and the form's Clear keep the order.
+    let first = console
+        .get("/dead-letters?event_type=order.failed&sort=dead", &auth)
+        .await;
+    let causes = section(&first.body, r#"<table id="list-causes">"#);
+    assert!(
+        causes.contains("event_type=order.failed&amp;cause=boom&amp;sort=dead"),
+        "{causes}"
+    );
+    assert!(
+        first
+            .body
+            .contains(r#"<a href="/dead-letters?sort=dead">Clear</a>"#),
+        "{}",
+        first.body
+    );
+
+    // An order there is not: the form again, the filter kept, the order marked; its value is not
+    // echoed. A place that is not one of the order: a 400 naming it.
+    let res = console
+        .get(
+            "/dead-letters?event_type=order.failed&sort=newest-first",
+            &auth,
+        )
+        .await;
+    refused_keeping_the_event_type(
+        &res,
+        "sort: not seq or dead",
+        r#"<select name="sort" id="f-sort" class="wrong" aria-invalid="true">"#,
+    );
+    assert!(!res.body.contains("newest-first"), "{}", res.body);
+    for (query, named) in [
+        ("sort=dead&after=5", "after"),
+        ("sort=dead&before=x_5", "before"),
+        ("after=1_5", "after"),
+    ] {
+        let res = console.get(&format!("/dead-letters?{query}"), &auth).await;
+        assert_eq!(res.status, 400, "{query}: {}", res.body);
+        assert!(
+            res.body.contains(&format!("{named}: not ")),
+            "{query}: {}",
+            res.body
+        );
+    }
 }
 
 /// The chart reads on its own: published and dead-lettered per minute on one axis in events per

@@ -1,9 +1,9 @@
 //! The console in headless Chromium (the distribution's `chromium` and `chromium-driver`), served
 //! by the binary (`outbox-relay console`) beside a running relay: log in, read the overview,
-//! filter dead letters, open one and retry it (published, its followers after it), bulk-discard a
-//! filtered set after confirming, and check that markup in a payload and an aggregate id stays
-//! text. Takes the README's screenshots (docs/console-overview.png, docs/console-dead-letters.png;
-//! written there with `OUTBOX_UPDATE_SCREENSHOTS=1`).
+//! filter dead letters (ordered by time dead), open one and retry it (published, its followers
+//! after it), bulk-discard a filtered set after confirming, and check that markup in a payload and
+//! an aggregate id stays text. Takes the README's screenshots (docs/console-overview.png,
+//! docs/console-dead-letters.png; written there with `OUTBOX_UPDATE_SCREENSHOTS=1`).
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -191,6 +191,7 @@ async fn an_operator_works_through_the_console_in_a_browser() {
     screenshot(c, "console-dead-letters.png").await;
     type_into(c, "#f-event_type", "order.failed").await;
     type_into(c, "#f-aggregate_id", "A-1").await;
+    click(c, r#"#f-sort option[value="dead"]"#).await;
     click(c, "#apply-filter").await;
     wait_until("the filtered list", Duration::from_secs(20), || async {
         try_text(c, "#dead-letter-list").await.is_some_and(|list| {
@@ -200,6 +201,10 @@ async fn an_operator_works_through_the_console_in_a_browser() {
         })
     })
     .await;
+    // The order chosen in the form is in the address and stays chosen.
+    let url = c.current_url().await.expect("the address");
+    assert!(url.as_str().contains("sort=dead"), "{url}");
+    assert_eq!(text(c, "#f-sort option[selected]").await, "by time dead");
 
     // Open it: payload, headers, error, followers; retry it.
     click(c, "a.event").await;
