@@ -46,6 +46,17 @@ ALTER TABLE outbox_events ALTER COLUMN txid SET DEFAULT pg_current_xact_id();
 
 CREATE INDEX IF NOT EXISTS outbox_events_txid_idx ON outbox_events (txid, seq);
 
+-- --source wal with --wal-marking delete deletes what it publishes. The count of a transaction it
+-- publishes over several batches must survive the rows published first: for a transaction whose
+-- rows are consecutive seqs (a bulk INSERT, any transaction no other wrote beside), its first seq
+-- and count are kept here, one row per transaction, from its first batch until it is all
+-- published; the rows of other such transactions are kept in outbox_events, marked, until then.
+CREATE TABLE IF NOT EXISTS outbox_transaction_runs (
+    txid      xid8   PRIMARY KEY,
+    first_seq bigint NOT NULL,
+    events    bigint NOT NULL
+);
+
 -- The dead letters by the time they died: the console's list sorted by time dead reads it in
 -- order. Written when a row is dead-lettered, never by a writer's INSERT or a publish.
 CREATE INDEX IF NOT EXISTS outbox_events_dead_letters_time_idx

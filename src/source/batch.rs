@@ -12,7 +12,7 @@ use crate::metrics::Metrics;
 use crate::policy::Outcome;
 use crate::policy::{is_broker_outage, FailureKind, RetryPolicy, Verdict, WAKE_HEADS};
 use crate::publisher::Publisher;
-use crate::source::store::{BeforeCommit, Claim, Failure, Split, Store};
+use crate::source::store::{BeforeCommit, Claim, Failure, Runs, Split, Store};
 
 /// What one batch (or two in flight together) did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -136,8 +136,13 @@ pub(crate) fn settle<'a>(
 
 /// The events of `published` (the ids acked, among `groups`) whose transaction they are not the
 /// whole of: the transaction's count is not known, or more of its events than were published
-/// here. Events without a transaction are never split.
-pub(crate) fn split_transactions(groups: &[Vec<OutboxEvent>], published: &[Uuid]) -> Split {
+/// here. Events without a transaction are never split. A split transaction among `runs` (its
+/// rows are consecutive seqs) is kept as a run, its events are not.
+pub(crate) fn split_transactions(
+    groups: &[Vec<OutboxEvent>],
+    published: &[Uuid],
+    runs: &Runs,
+) -> Split {
     let acked: std::collections::HashSet<&Uuid> = published.iter().collect();
     let mut per_tx: std::collections::HashMap<u64, (u64, Option<u64>)> =
         std::collections::HashMap::new();
@@ -157,11 +162,17 @@ pub(crate) fn split_transactions(groups: &[Vec<OutboxEvent>], published: &[Uuid]
         let whole = per_tx
             .get(&t.id)
             .is_some_and(|(here, count)| *count == Some(*here));
-        if !whole {
-            split.ids.push(id);
-            if !split.txids.contains(&t.id) {
-                split.txids.push(t.id);
-            }
+        if whole {
+            continue;
+        }
+        let first = !split.txids.contains(&t.id);
+        if first {
+            split.txids.push(t.id);
+        }
+        match runs.get(&t.id) {
+            Some(&(first_seq, events)) if first => split.runs.push((t.id, first_seq, events)),
+            Some(_) => {}
+            None => split.ids.push(id),
         }
     }
     split
@@ -286,7 +297,7 @@ pub(crate) async fn publish_claim(
         return Ok(published);
     }
     // The transaction headers; a failure here is the database's, as a claim's would be.
-    claim.read_transactions().await?;
+    let runs = claim.read_transactions().await?;
     let publish_started = Instant::now();
     let outcomes = publisher.publish(&claim.groups).await;
     let publish_s = publish_started.elapsed().as_secs_f64();
@@ -321,7 +332,7 @@ pub(crate) async fn publish_claim(
         full,
         ..settlement.report
     };
-    published.split = split_transactions(&claim.groups, &settlement.published);
+    published.split = split_transactions(&claim.groups, &settlement.published, &runs);
     published.published = settlement.published;
     published.failures = settlement.failures;
     Ok(published)
@@ -484,12 +495,19 @@ mod tests {
             .map(|e| e.id)
             .filter(|id| *id != failed[1].id)
             .collect();
-        let split = split_transactions(&groups, &published);
+        let split = split_transactions(&groups, &published, &Runs::new());
         assert_eq!(
             split.ids,
             vec![part[0].id, part[1].id, unknown.id, failed[0].id]
         );
         assert_eq!(split.txids, vec![2, 3, 4]);
+        assert!(split.runs.is_empty());
+        // Transaction 2 a run from seq 40: kept as such, its events not.
+        let runs = Runs::from([(2, (40, 5))]);
+        let split = split_transactions(&groups, &published, &runs);
+        assert_eq!(split.ids, vec![unknown.id, failed[0].id]);
+        assert_eq!(split.txids, vec![2, 3, 4]);
+        assert_eq!(split.runs, vec![(2, 40, 5)]);
     }
     use crate::policy::Failure as PublishFailure;
 

@@ -878,9 +878,17 @@ fn compact_json(text: &str) -> String {
 /// whole transaction is published: a transaction's count is read from the table.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(crate) struct Split {
+    /// The published events to keep (marked): those of split transactions that are not runs.
     pub ids: Vec<Uuid>,
+    /// Every split transaction.
     pub txids: Vec<u64>,
+    /// The split transactions of consecutive seqs: (txid, first seq, count), kept instead of
+    /// their rows.
+    pub runs: Vec<(u64, i64, u64)>,
 }
+
+/// The transactions of a batch whose rows are consecutive seqs: txid -> (first seq, count).
+pub(crate) type Runs = HashMap<u64, (i64, u64)>;
 
 /// More statements of a batch's transaction, after its outcome is recorded and before its commit.
 pub(crate) trait BeforeCommit {
@@ -957,10 +965,11 @@ impl Claim<'_> {
     /// Places each event to publish in its transaction where its source did not (the wal stream
     /// places the rows it carried, with the count when the commit came within its hold): one
     /// statement in the claim's transaction (`transactions.sql`). Nothing on a schema older than
-    /// version 9, whose rows do not record their transaction.
-    pub async fn read_transactions(&mut self) -> Result<()> {
+    /// version 9, whose rows do not record their transaction. Returns the transactions found to
+    /// be runs of consecutive seqs.
+    pub async fn read_transactions(&mut self) -> Result<Runs> {
         let Some((statement, learnt)) = &self.statements.transactions else {
-            return Ok(());
+            return Ok(Runs::new());
         };
         // Per transaction: lowest and highest seq in the batch, events in the batch.
         let mut spans: BTreeMap<u64, (i64, i64, i64)> = BTreeMap::new();
@@ -973,7 +982,7 @@ impl Claim<'_> {
             }
         }
         if spans.is_empty() {
-            return Ok(());
+            return Ok(Runs::new());
         }
         let known: HashMap<u64, Known> = {
             let learnt = learnt.lock().unwrap_or_else(|e| e.into_inner());
@@ -986,7 +995,7 @@ impl Claim<'_> {
         // by seq from the first (`Run`).
         let mut placed: HashMap<i64, (u64, u64)> = HashMap::new();
         let mut whole: HashMap<u64, u64> = HashMap::new();
-        let mut runs: HashMap<u64, (i64, u64)> = HashMap::new();
+        let mut runs = Runs::new();
         for (txid, k) in &known {
             if let Known::Run { first, events } = k {
                 runs.insert(*txid, (*first, *events));
@@ -1105,7 +1114,7 @@ impl Claim<'_> {
                 );
             }
         }
-        Ok(())
+        Ok(runs)
     }
 
     /// What another module's claim statements took: the groups to publish, the rows locked and

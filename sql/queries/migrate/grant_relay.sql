@@ -17,3 +17,6 @@ WHERE to_regclass('outbox_wal_slots') IS NOT NULL
 -- The relays reporting themselves (schema version 8).
 UNION ALL SELECT format('GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_relays TO %I', $1::text)
 WHERE to_regclass('outbox_relays') IS NOT NULL
+-- The counts of transactions the wal source publishes over several batches (schema version 9).
+UNION ALL SELECT format('GRANT SELECT, INSERT, DELETE ON outbox_transaction_runs TO %I', $1::text)
+WHERE to_regclass('outbox_transaction_runs') IS NOT NULL

@@ -1,5 +1,6 @@
 -- --source wal with --wal-marking delete: the rows of these transactions ($1: txid as text) that
--- mark_split.sql kept are deleted once none of the transaction's rows is pending any more, in the
+-- mark_split.sql kept, and what record_runs.sql kept of them, are deleted once none of the
+-- transaction's rows is pending any more, in the
 -- batch's transaction (discarded dead letters stay for the audit trail, as they do in the
 -- table source). The pending row, if any, is looked for from the transaction's newest row
 -- down (outbox_events_txid_idx backwards): a transaction published in order has its pending rows
@@ -12,7 +13,11 @@ WITH done AS (
            WHERE p.txid = t.txid AND p.processed_at IS NULL
            ORDER BY p.txid DESC, p.seq DESC
            LIMIT 1) IS NULL
+), rows AS (
+    DELETE FROM outbox_events o
+    USING done
+    WHERE o.txid = done.txid AND o.processed_at IS NOT NULL AND o.discarded_at IS NULL
 )
-DELETE FROM outbox_events o
+DELETE FROM outbox_transaction_runs r
 USING done
-WHERE o.txid = done.txid AND o.processed_at IS NOT NULL AND o.discarded_at IS NULL
+WHERE r.txid = done.txid

@@ -32,7 +32,9 @@ const UNDEFER: &str = include_str!("../../../sql/queries/wal/undefer.sql");
 const INSERT_POSITION: &str = include_str!("../../../sql/queries/wal/insert_position.sql");
 const MARK_SPLIT: &str = include_str!("../../../sql/queries/wal/mark_split.sql");
 const PURGE_TRANSACTIONS: &str = include_str!("../../../sql/queries/wal/purge_transactions.sql");
+const RECORD_RUNS: &str = include_str!("../../../sql/queries/wal/record_runs.sql");
 const TEXTS: &[Type] = &[Type::TEXT_ARRAY];
+const RUNS_TYPES: &[Type] = &[Type::TEXT_ARRAY, Type::INT8_ARRAY, Type::INT8_ARRAY];
 
 const UUIDS: &[Type] = &[Type::UUID_ARRAY];
 const SEQS_UUIDS: &[Type] = &[Type::INT8_ARRAY, Type::UUID_ARRAY];
@@ -51,8 +53,8 @@ pub(crate) struct WalStatements {
     /// (`delete_published_ids.sql`) for rows claimed from the table (the catch-up).
     delete_published: Option<(Stmt, Stmt)>,
     /// `--wal-marking delete` on a schema whose rows record their transaction (version 9):
-    /// `mark_split.sql` and `purge_transactions.sql`.
-    split: Option<(Stmt, Stmt)>,
+    /// `mark_split.sql`, `record_runs.sql` and `purge_transactions.sql`.
+    split: Option<(Stmt, Stmt, Stmt)>,
     row_states: Stmt,
     pending_of: Stmt,
     defer: Stmt,
@@ -85,6 +87,7 @@ impl WalStatements {
         let split = match (marking, has_txid) {
             (WalMarking::Delete, true) => Some((
                 Stmt::new(client, MARK_SPLIT, UUIDS, prepare).await?,
+                Stmt::new(client, RECORD_RUNS, RUNS_TYPES, prepare).await?,
                 Stmt::new(client, PURGE_TRANSACTIONS, TEXTS, prepare).await?,
             )),
             _ => None,
@@ -119,11 +122,6 @@ impl WalStatements {
             return Ok(());
         };
         let kept: HashSet<&Uuid> = split.ids.iter().collect();
-        if let (Some((mark, purge)), false) = (&self.split, split.ids.is_empty()) {
-            mark.execute(client, &[&split.ids]).await?;
-            let txids: Vec<String> = split.txids.iter().map(u64::to_string).collect();
-            purge.execute(client, &[&txids]).await?;
-        }
         let mut located = (Vec::new(), Vec::new());
         let mut rest = Vec::new();
         for id in published.iter().filter(|id| !kept.contains(id)) {
@@ -140,6 +138,24 @@ impl WalStatements {
         }
         if !rest.is_empty() {
             by_id.execute(client, &[&rest]).await?;
+        }
+        // After the deletes: the purge finds a transaction done when none of its rows is pending.
+        if let (Some((mark, runs, purge)), false) = (&self.split, split.txids.is_empty()) {
+            if !split.ids.is_empty() {
+                mark.execute(client, &[&split.ids]).await?;
+            }
+            if !split.runs.is_empty() {
+                let txids: Vec<String> = split.runs.iter().map(|r| r.0.to_string()).collect();
+                let firsts: Vec<i64> = split.runs.iter().map(|r| r.1).collect();
+                let counts: Vec<i64> = split
+                    .runs
+                    .iter()
+                    .map(|r| i64::try_from(r.2).unwrap_or(i64::MAX))
+                    .collect();
+                runs.execute(client, &[&txids, &firsts, &counts]).await?;
+            }
+            let txids: Vec<String> = split.txids.iter().map(u64::to_string).collect();
+            purge.execute(client, &[&txids]).await?;
         }
         Ok(())
     }
