@@ -4,7 +4,12 @@
 //! after it), bulk-discard a filtered set after confirming, and check that markup in a payload and
 //! an aggregate id stays text. Takes the README's screenshots (docs/console-overview.png,
 //! docs/console-dead-letters.png; written there with `OUTBOX_UPDATE_SCREENSHOTS=1`).
+//! Then, with more dead letters than a page holds: the login page styled before logging in (the
+//! stylesheet served without a session), the filtered list's total and its next and previous
+//! pages, jumping to an event by its id (a known one, an unknown one, one that is not an id), and
+//! a payload over 64 KiB shown cut with its size and a link to the whole of it.
 
+use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -12,7 +17,7 @@ use testkit::browser::{Browser, Client, Locator};
 use testkit::outbox::{CliRelay, Env};
 use testkit::{relay_command, wait_until};
 
-use super::console::{dead_letter, followers, TOKEN};
+use super::console::{dead_letter, followers, send, TOKEN};
 
 const XSS_AGGREGATE: &str = "<script>window.__xss=1</script>\"'";
 const XSS_PAYLOAD: &str = "<script>window.__xss=2</script><img src=x onerror=\"window.__xss=3\">";
@@ -56,6 +61,27 @@ async fn wait_text(c: &Client, css: &str, wanted: &str) {
         Duration::from_secs(20),
         || async { try_text(c, css).await.is_some_and(|t| t.contains(wanted)) },
     )
+    .await;
+}
+
+/// The ids of the rows of the dead-letter list on the page now, in order (`None` while a page is
+/// being replaced).
+async fn row_ids(c: &Client) -> Option<Vec<String>> {
+    let ids = c
+        .execute(
+            r#"return Array.from(document.querySelectorAll('#dead-letter-list input[name="id"]'), e => e.value);"#,
+            vec![],
+        )
+        .await
+        .ok()?;
+    serde_json::from_value(ids).ok()
+}
+
+/// Waits (up to 20 s) until the list shows exactly the rows `ids`, in that order.
+async fn wait_rows(c: &Client, what: &str, ids: &[String]) {
+    wait_until(what, Duration::from_secs(20), || async {
+        row_ids(c).await.is_some_and(|shown| shown == ids)
+    })
     .await;
 }
 
@@ -278,5 +304,225 @@ async fn an_operator_works_through_the_console_in_a_browser() {
 
     browser.close().await;
     relay.stop().await;
+    assert_eq!(console.terminate(), Some(0), "the console stops on SIGTERM");
+}
+
+/// The login page styled before logging in; the filtered list's total, its next page and back;
+/// jumping to an event by id; a payload over 64 KiB cut, and the whole of it through its link with
+/// the browser's session.
+#[tokio::test]
+async fn the_console_pages_jumps_to_an_id_and_cuts_a_big_payload_in_a_browser() {
+    let _turn = testkit::heavy().await;
+    let env = Env::new().await;
+    let client = env.client().await;
+    // More dead letters of one type than a page (50) holds, one of another type with a payload
+    // over 64 KiB.
+    client
+        .batch_execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, attempts,
+                                        last_error, dead_lettered_at)
+             SELECT 'order', 'P-' || g, 'page.failed', jsonb_build_object('n', g), 5,
+                    'publish timed out', now()
+             FROM generate_series(1, 60) g",
+        )
+        .await
+        .expect("dead letters");
+    let paged: Vec<(String, String)> = client
+        .query(
+            "SELECT id::text, aggregate_id FROM outbox_events WHERE event_type = 'page.failed'
+             ORDER BY seq",
+            &[],
+        )
+        .await
+        .expect("their ids")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let ids: Vec<String> = paged.iter().map(|(id, _)| id.clone()).collect();
+    let (first, second) = ids.split_at(50);
+    let lines: Vec<String> = (0..20_000).map(|i| format!("line {i}")).collect();
+    let big_json = serde_json::json!({ "lines": lines });
+    let big = dead_letter(
+        &client,
+        "B-1",
+        "big.failed",
+        &big_json.to_string(),
+        "stream refused: maximum payload exceeded",
+    )
+    .await;
+    let pretty: i32 = client
+        .query_one(
+            "SELECT octet_length(jsonb_pretty(payload)) FROM outbox_events WHERE id = $1",
+            &[&big],
+        )
+        .await
+        .expect("its pretty-printed size")
+        .get(0);
+    assert!(pretty > 64 * 1024, "a payload over 64 KiB: {pretty} bytes");
+    let (console, base) = console_binary(&env).await;
+    let addr: SocketAddr = base
+        .strip_prefix("http://")
+        .and_then(|a| a.parse().ok())
+        .expect("the console's address");
+    let browser = Browser::start().await;
+    let c = &browser.client;
+
+    // The login page, before logging in: styled, its stylesheet served without a session.
+    c.goto(&format!("{base}/")).await.expect("goto");
+    c.find(Locator::Css("#token"))
+        .await
+        .expect("the login form");
+    let style = c
+        .execute(
+            "const body = getComputedStyle(document.body);
+             return {
+               background: body.backgroundColor,
+               font: body.fontFamily,
+               box: getComputedStyle(document.querySelector('.login')).backgroundColor,
+               sheets: Array.from(document.styleSheets, s => [s.href, s.cssRules.length]),
+             };",
+            vec![],
+        )
+        .await
+        .expect("execute");
+    assert_eq!(style["background"], "rgb(246, 247, 249)", "{style}");
+    assert_eq!(style["box"], "rgb(255, 255, 255)", "{style}");
+    assert!(
+        style["font"]
+            .as_str()
+            .is_some_and(|f| f.contains("system-ui")),
+        "{style}"
+    );
+    let sheets = style["sheets"].as_array().expect("the style sheets");
+    assert_eq!(sheets.len(), 1, "{style}");
+    assert_eq!(
+        sheets[0][0],
+        format!("{base}/static/console.css").as_str(),
+        "{style}"
+    );
+    assert!(
+        sheets[0][1].as_u64().is_some_and(|rules| rules > 0),
+        "its rules were loaded: {style}"
+    );
+    assert!(
+        c.get_all_cookies().await.expect("cookies").is_empty(),
+        "no session yet"
+    );
+    type_into(c, "#token", TOKEN).await;
+    click(c, "#login").await;
+    wait_text(c, "h1", "Overview").await;
+
+    // The list: how many match, unfiltered then filtered.
+    c.goto(&format!("{base}/dead-letters")).await.expect("goto");
+    wait_text(c, "#total", "61 dead letters match.").await;
+    type_into(c, "#f-event_type", "page.failed").await;
+    click(c, "#apply-filter").await;
+    wait_text(c, "#total", "60 dead letters match.").await;
+    wait_rows(c, "the first page", first).await;
+    assert!(
+        c.find(Locator::Css("#prev-page")).await.is_err(),
+        "no previous page"
+    );
+
+    // The next page: the other rows, the same total, the filter kept.
+    click(c, "#next-page").await;
+    wait_rows(c, "the second page", second).await;
+    assert!(first.iter().all(|id| !second.contains(id)), "other rows");
+    assert_eq!(text(c, "#total").await, "60 dead letters match.");
+    let url = c.current_url().await.expect("the address");
+    assert!(url.as_str().contains("event_type=page.failed"), "{url}");
+    assert!(url.as_str().contains("after="), "{url}");
+    assert!(
+        c.find(Locator::Css("#next-page")).await.is_err(),
+        "the last page"
+    );
+
+    // And back: the first page again.
+    click(c, "#prev-page").await;
+    wait_rows(c, "the first page again", first).await;
+    assert_eq!(text(c, "#total").await, "60 dead letters match.");
+    let url = c.current_url().await.expect("the address");
+    assert!(url.as_str().contains("event_type=page.failed"), "{url}");
+    assert!(url.as_str().contains("before="), "{url}");
+    assert!(
+        c.find(Locator::Css("#prev-page")).await.is_err(),
+        "no page before the first"
+    );
+    c.find(Locator::Css("#next-page"))
+        .await
+        .expect("a next page again");
+
+    // Jump to an event by its id (one of the second page's): its detail page.
+    let (target, aggregate) = &paged[55];
+    type_into(c, "#f-id", target).await;
+    click(c, "#go").await;
+    wait_text(c, "#state", "dead letter").await;
+    assert_eq!(text(c, "#aggregate-id").await, *aggregate);
+    assert!(text(c, "#event").await.contains(target.as_str()));
+    let url = c.current_url().await.expect("the address");
+    assert_eq!(url.as_str(), format!("{base}/dead-letters/{target}"));
+    // An id no event has: the console's "no such event" page.
+    c.goto(&format!("{base}/dead-letters")).await.expect("goto");
+    type_into(c, "#f-id", &uuid::Uuid::new_v4().to_string()).await;
+    click(c, "#go").await;
+    wait_text(c, "p.problem", "no such event").await;
+    assert_eq!(text(c, "h1").await, "Not Found");
+    // Not an id at all: the console says so.
+    c.goto(&format!("{base}/dead-letters")).await.expect("goto");
+    type_into(c, "#f-id", "not-an-id").await;
+    click(c, "#go").await;
+    wait_text(c, "p.problem", "id: not an event id").await;
+    assert_eq!(text(c, "h1").await, "Bad Request");
+
+    // A payload over 64 KiB: cut, with its size and a link to the whole of it.
+    c.goto(&format!("{base}/dead-letters/{big}"))
+        .await
+        .expect("goto");
+    wait_text(c, "#state", "dead letter").await;
+    let notice = text(c, "#payload-size").await;
+    let size = format!(
+        "The payload is {:.1} KiB pretty-printed: below, its first 64.0 KiB.",
+        f64::from(pretty) / 1024.0
+    );
+    assert!(notice.contains(&size), "{size:?} in {notice:?}");
+    let shown = text(c, "#payload").await;
+    assert!(shown.contains(r#""line 0""#), "its start is shown");
+    assert!(!shown.contains(r#""line 19999""#), "not its end");
+    let href = c
+        .find(Locator::Css("#payload-whole"))
+        .await
+        .expect("the link to the whole payload")
+        .prop("href")
+        .await
+        .expect("its href")
+        .expect("an href");
+    let path = format!("/dead-letters/{big}/payload");
+    assert_eq!(href, format!("{base}{path}"));
+    // Fetched with the browser's session, it is the whole payload, as a JSON download.
+    let cookie = c
+        .get_all_cookies()
+        .await
+        .expect("cookies")
+        .iter()
+        .map(|k| format!("{}={}", k.name(), k.value()))
+        .collect::<Vec<_>>()
+        .join("; ");
+    assert!(!cookie.is_empty(), "a session");
+    let whole = send(addr, "GET", &path, &[("cookie", &cookie)], "").await;
+    assert_eq!(whole.status, 200, "{}", whole.body);
+    assert_eq!(whole.header("content-type"), Some("application/json"));
+    assert_eq!(
+        whole.header("content-disposition"),
+        Some(format!(r#"attachment; filename="{big}.json""#).as_str())
+    );
+    let got: serde_json::Value = serde_json::from_str(&whole.body).expect("JSON");
+    assert_eq!(got, big_json, "the whole payload");
+    assert_eq!(
+        send(addr, "GET", &path, &[], "").await.status,
+        401,
+        "only with the session"
+    );
+
+    browser.close().await;
     assert_eq!(console.terminate(), Some(0), "the console stops on SIGTERM");
 }
