@@ -971,16 +971,34 @@ impl Claim<'_> {
         let Some((statement, learnt)) = &self.statements.transactions else {
             return Ok(Runs::new());
         };
-        // Per transaction: lowest and highest seq in the batch, events in the batch.
+        // Per transaction: lowest and highest seq in the batch, events in the batch. Asked for:
+        // the transactions with an event not placed, and those placed (by the wal stream) that
+        // the batch holds only part of, whose rows the wal source must know to be a run or not.
         let mut spans: BTreeMap<u64, (i64, i64, i64)> = BTreeMap::new();
+        let mut unplaced: HashSet<u64> = HashSet::new();
+        let mut counts: HashMap<u64, u64> = HashMap::new();
         for e in self.groups.iter().flatten() {
-            if let Some(t) = e.transaction.filter(|t| !t.is_placed()) {
+            if let Some(t) = e.transaction {
                 let span = spans.entry(t.id).or_insert((e.seq, e.seq, 0));
                 span.0 = span.0.min(e.seq);
                 span.1 = span.1.max(e.seq);
                 span.2 += 1;
+                match t.events.filter(|_| t.is_placed()) {
+                    Some(events) => {
+                        counts.insert(t.id, events);
+                    }
+                    None => {
+                        unplaced.insert(t.id);
+                    }
+                }
             }
         }
+        spans.retain(|txid, (_, _, n)| {
+            unplaced.contains(txid)
+                || counts
+                    .get(txid)
+                    .is_some_and(|events| u64::try_from(*n).unwrap_or(0) != *events)
+        });
         if spans.is_empty() {
             return Ok(Runs::new());
         }

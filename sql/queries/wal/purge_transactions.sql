@@ -9,8 +9,11 @@ WITH done AS (
     SELECT t.txid
     FROM unnest($1::text[]) AS d(txid)
     CROSS JOIN LATERAL (SELECT d.txid::xid8 AS txid) AS t
+    -- `coalesce(...)`: not the pending rows' partial indexes, which a plan made on other
+    -- statistics took (backward through every pending row until one of this transaction: a
+    -- scan of the backlog per batch); only outbox_events_txid_idx serves this.
     WHERE (SELECT p.seq FROM outbox_events p
-           WHERE p.txid = t.txid AND p.processed_at IS NULL
+           WHERE p.txid = t.txid AND coalesce(p.processed_at IS NULL, false)
            ORDER BY p.txid DESC, p.seq DESC
            LIMIT 1) IS NULL
 ), rows AS (
