@@ -80,6 +80,18 @@ pub enum HeaderFormat {
     Both,
 }
 
+/// How a database transaction's events reach the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TransactionMode {
+    /// One message per event, each acked on its own (the transaction headers tell consumers the
+    /// boundaries).
+    #[default]
+    Events,
+    /// Every transaction's events as one JetStream atomic batch: a consumer sees all of them or
+    /// none. Needs nats-server 2.12 or later and a stream with `allow_atomic`.
+    Atomic,
+}
+
 /// A string that must not be printed as it is: `Debug` shows it through `$debug` (a redacted
 /// form), `expose()` gives the value to the one place that uses it.
 macro_rules! hidden_string {
@@ -377,6 +389,8 @@ pub struct PublishConfig {
     pub ce_source: String,
     /// Bound on the wait for a batch's acks.
     pub timeout: Duration,
+    /// One message per event (the default) or each transaction as one atomic batch.
+    pub transactions: TransactionMode,
 }
 
 impl Default for PublishConfig {
@@ -387,6 +401,7 @@ impl Default for PublishConfig {
             header_format: HeaderFormat::Outbox,
             ce_source: DEFAULT_CE_SOURCE.into(),
             timeout: Duration::from_secs(5),
+            transactions: TransactionMode::Events,
         }
     }
 }

@@ -91,7 +91,9 @@ mod timestamp;
 pub mod wire;
 pub mod writer;
 
-pub use config::{HeaderFormat, NotifyMode, Ordering, RelayConfig, Source, WalMarking};
+pub use config::{
+    HeaderFormat, NotifyMode, Ordering, RelayConfig, Source, TransactionMode, WalMarking,
+};
 pub use consumer::process_once;
 pub use db::connect;
 pub use error::{Error, ErrorKind, Result};

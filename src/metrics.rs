@@ -141,6 +141,10 @@ pub struct Metrics {
     pub failed: Family<FailedLabels, Counter>,
     /// `outbox_events_dead_lettered`
     pub dead_lettered: Counter,
+    /// `outbox_transactions_split` (`--transactions atomic`)
+    pub transactions_split: Counter,
+    /// `outbox_transactions_held` (`--transactions atomic`)
+    pub transactions_held: Counter,
     /// `outbox_events_pending`
     pub pending: Gauge,
     /// `outbox_oldest_pending_age_seconds`
@@ -197,6 +201,8 @@ impl Metrics {
             published: Family::default(),
             failed: Family::default(),
             dead_lettered: Counter::default(),
+            transactions_split: Counter::default(),
+            transactions_held: Counter::default(),
             pending: Gauge::default(),
             oldest_pending_age_seconds: Gauge::default(),
             dead_letters: Gauge::default(),
@@ -239,6 +245,16 @@ impl Metrics {
             "outbox_events_dead_lettered",
             "Events moved to outbox_dead_letters",
             m.dead_lettered.clone(),
+        );
+        registry.register(
+            "outbox_transactions_split",
+            "Transactions larger than one atomic batch, published in parts (--transactions atomic; counted per batch that published a part)",
+            m.transactions_split.clone(),
+        );
+        registry.register(
+            "outbox_transactions_held",
+            "Events a batch held back because their transaction could not go out whole with them (--transactions atomic)",
+            m.transactions_held.clone(),
         );
         registry.register(
             "outbox_events_pending",

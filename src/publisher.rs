@@ -15,6 +15,7 @@ use crate::config::{BatchConfig, Credentials, HeaderFormat, NatsConfig, PublishC
 use crate::error::{Error, Result};
 use crate::event::OutboxEvent;
 use crate::policy::{Failure, FailureKind, Outcome};
+use crate::source::atomic::{At, Plan, Unit};
 use crate::subject::SubjectTemplate;
 use crate::wire::{header_block_len, headers_with};
 
@@ -34,6 +35,25 @@ pub(crate) struct Publisher {
     timeout: Duration,
     /// The database's clock, which acks and spans are timed on.
     clock: Arc<DbClock>,
+    /// `--transactions atomic`: each transaction as one atomic batch.
+    atomic: bool,
+    /// Atomic batches open at once (JetStream takes 50 per stream).
+    batches: Arc<tokio::sync::Semaphore>,
+}
+
+/// The most events one atomic batch holds (nats-server's default limit).
+pub const ATOMIC_BATCH_MAX: usize = 1000;
+
+/// Atomic batches this relay keeps open at once, below the 50 a stream takes in all.
+const ATOMIC_BATCHES_AT_ONCE: usize = 32;
+
+/// Whether a nats-server of `version` takes atomic batches (2.12 and later).
+pub(crate) fn takes_atomic_batches(version: &str) -> bool {
+    let mut parts = version
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u64>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= (2, 12)
 }
 
 /// Connects to NATS with the credentials and TLS settings of `nats`. Fails fast (bounded) when the
@@ -138,12 +158,24 @@ impl Publisher {
             redelivery_gap,
             timeout: publish.timeout,
             clock,
+            atomic: publish.transactions == crate::config::TransactionMode::Atomic,
+            batches: Arc::new(tokio::sync::Semaphore::new(ATOMIC_BATCHES_AT_ONCE)),
         })
     }
 
     /// Checks (or creates) the stream and warns when its duplicate window is shorter than the
     /// longest gap between two publishes of one row.
     pub async fn ensure_stream(&self) -> Result<()> {
+        if self.atomic {
+            // A server before 2.12 drops allow_atomic from a stream's config and stores a batch's
+            // messages one by one: it would not fail, it would not be atomic either.
+            let version = self.client.server_info().version;
+            if !takes_atomic_batches(&version) {
+                return Err(Error::stream(format!(
+                    "--transactions atomic needs nats-server 2.12 or later (atomic batches); this server is {version}: upgrade it, or run with --transactions events"
+                )));
+            }
+        }
         let info = match self.js.get_stream(&self.stream).await {
             Ok(mut s) => s
                 .info()
@@ -174,6 +206,12 @@ impl Publisher {
                 )));
             }
         };
+        if self.atomic && !info.config.allow_atomic_publish {
+            return Err(Error::stream(format!(
+                "stream {} does not take atomic batches, which --transactions atomic needs: set allow_atomic on it (a stream update; --create-stream sets it on a stream it creates), or run with --transactions events",
+                self.stream
+            )));
+        }
         let gap = self.redelivery_gap;
         if info.config.duplicate_window < gap {
             tracing::warn!(
@@ -197,6 +235,7 @@ impl Publisher {
                 subjects: vec![subject],
                 storage: stream::StorageType::File,
                 duplicate_window: window,
+                allow_atomic_publish: self.atomic,
                 ..Default::default()
             })
             .await
@@ -273,6 +312,208 @@ impl Publisher {
     /// at a time in order, stopping at the first failure so an aggregate's order survives retries.
     pub async fn publish(&self, groups: &[Vec<OutboxEvent>]) -> Vec<Vec<Outcome>> {
         let mut outcomes = join_all(groups.iter().map(|group| self.publish_group(group))).await;
+        self.judge_no_responders(&mut outcomes).await;
+        outcomes
+    }
+
+    /// Whether each transaction goes out as one atomic batch (`--transactions atomic`).
+    pub fn atomic(&self) -> bool {
+        self.atomic
+    }
+
+    /// `--transactions atomic`: publishes `plan`'s units, its chains side by side, each chain's
+    /// units one after the other, stopping a chain at its first unit not published (the rest of
+    /// its aggregates waits behind it). Outcomes in the shape of `groups`; the events the plan
+    /// holds are [`Outcome::NotAttempted`].
+    pub async fn publish_atomic(
+        &self,
+        groups: &[Vec<OutboxEvent>],
+        plan: &Plan,
+    ) -> Vec<Vec<Outcome>> {
+        let mut outcomes: Vec<Vec<Outcome>> = groups
+            .iter()
+            .map(|g| g.iter().map(|_| Outcome::NotAttempted).collect())
+            .collect();
+        let chains = join_all(plan.chains.iter().map(|chain| async move {
+            let mut out = Vec::new();
+            for &u in chain {
+                let Some(unit) = plan.units.get(u) else {
+                    continue;
+                };
+                let results = self.publish_unit(groups, unit).await;
+                let failed = results
+                    .iter()
+                    .any(|(_, o)| !matches!(o, Outcome::Published { .. }));
+                out.extend(results);
+                if failed {
+                    break;
+                }
+            }
+            out
+        }))
+        .await;
+        for ((g, i), outcome) in chains.into_iter().flatten() {
+            if let Some(slot) = outcomes.get_mut(g).and_then(|g| g.get_mut(i)) {
+                *slot = outcome;
+            }
+        }
+        self.judge_no_responders(&mut outcomes).await;
+        outcomes
+    }
+
+    /// One unit of a plan: a lone event as usual; a transaction's events as one atomic batch
+    /// (`Nats-Batch-Id`, `Nats-Batch-Sequence`, `Nats-Batch-Commit` on the last), all published or
+    /// none. Every event gets the batch's outcome.
+    async fn publish_unit(&self, groups: &[Vec<OutboxEvent>], unit: &Unit) -> Vec<(At, Outcome)> {
+        let events: Vec<(At, &OutboxEvent)> = unit
+            .events
+            .iter()
+            .filter_map(|&(g, i)| groups.get(g).and_then(|g| g.get(i)).map(|e| ((g, i), e)))
+            .collect();
+        if let [(at, event)] = events.as_slice() {
+            return vec![(*at, self.publish_one(event).await)];
+        }
+        let txid = unit.txid.unwrap_or(0);
+        let now = self.clock.now();
+        let mut spans = Vec::with_capacity(events.len());
+        let mut messages = Vec::with_capacity(events.len());
+        for (_, event) in &events {
+            let subject = self.subject(event);
+            let shown = subject
+                .as_deref()
+                .unwrap_or("(invalid subject)")
+                .to_string();
+            let span = send_span(event, &shown, now);
+            match self.message(event, subject, &span) {
+                Ok(message) => messages.push(message),
+                Err(f) => {
+                    // The transaction goes out whole or not at all: its other events are held
+                    // with this one, and share its fate (its dead letter names them).
+                    trace_failure(&span, f.kind, &f.message);
+                    let culprit = event.id;
+                    return events
+                        .iter()
+                        .map(|(at, e)| {
+                            let message = if e.id == culprit {
+                                format!(
+                                    "{} (transaction {txid}: its {} other events are held with it)",
+                                    f.message,
+                                    events.len() - 1
+                                )
+                            } else {
+                                format!(
+                                    "held with event {culprit} of its transaction {txid}: {}",
+                                    f.message
+                                )
+                            };
+                            (*at, Outcome::Failed(Failure::new(f.kind, message)))
+                        })
+                        .collect();
+                }
+            }
+            spans.push(span);
+        }
+        let Ok(_permit) = self.batches.acquire().await else {
+            return fail_all(
+                &events,
+                Failure::new(FailureKind::Broker, "publisher closed"),
+            );
+        };
+        let batch_id = uuid::Uuid::new_v4().simple().to_string();
+        let last = messages.len();
+        let mut commit = None;
+        for (k, ((subject, mut headers), (_, event))) in
+            messages.into_iter().zip(&events).enumerate()
+        {
+            headers.insert("Nats-Batch-Id", batch_id.as_str());
+            headers.insert("Nats-Batch-Sequence", (k + 1).to_string().as_str());
+            if k + 1 == last {
+                headers.insert("Nats-Batch-Commit", "1");
+                commit = Some(
+                    self.js
+                        .publish_with_headers(subject, headers, event.payload.clone())
+                        .await,
+                );
+            } else if let Err(e) = self
+                .client
+                .publish_with_headers(subject, headers, event.payload.clone())
+                .await
+            {
+                // The server drops the open batch after its timeout.
+                return fail_all(
+                    &events,
+                    Failure::new(
+                        FailureKind::Broker,
+                        format!("transaction {txid}: cannot send its atomic batch: {e}"),
+                    ),
+                );
+            }
+        }
+        let result = match commit {
+            Some(Ok(ack)) => ack.await,
+            Some(Err(e)) => Err(e),
+            None => return Vec::new(),
+        };
+        match result {
+            Ok(_) => {
+                let acked_at = self.clock.now();
+                events
+                    .iter()
+                    .map(|(at, _)| {
+                        (
+                            *at,
+                            Outcome::Published {
+                                duplicate: false,
+                                acked_at,
+                            },
+                        )
+                    })
+                    .collect()
+            }
+            Err(e)
+                if error_code(&e)
+                    == Some(jetstream::ErrorCode::ATOMIC_PUBLISH_CONTAINS_DUPLICATE_MESSAGE) =>
+            {
+                // Already stored, as a whole (a crash between a batch's commit and the rows'
+                // marking), or in part (published event by event before): JetStream refuses the
+                // whole batch. Sent one by one, what is stored is confirmed as a duplicate and
+                // anything missing is stored alone.
+                tracing::info!(
+                    transaction_id = txid,
+                    events = events.len(),
+                    "transaction already in the stream: confirming its events one by one"
+                );
+                let mut out = Vec::with_capacity(events.len());
+                let mut failed = false;
+                for (at, event) in &events {
+                    let outcome = if failed {
+                        Outcome::NotAttempted
+                    } else {
+                        self.publish_one(event).await
+                    };
+                    failed = !matches!(outcome, Outcome::Published { .. });
+                    out.push((*at, outcome));
+                }
+                out
+            }
+            Err(e) => {
+                let (_, last_event) = events[events.len() - 1];
+                let mut f = self.blame(last_event, &e);
+                f.message = format!(
+                    "transaction {txid} ({} events, one atomic batch): {}",
+                    events.len(),
+                    f.message
+                );
+                for span in &spans {
+                    trace_failure(span, f.kind, &f.message);
+                }
+                fail_all(&events, f)
+            }
+        }
+    }
+
+    /// Judges the outcomes that met "no responders" (see below).
+    async fn judge_no_responders(&self, outcomes: &mut [Vec<Outcome>]) {
         // "No responders" means no stream captures the subject, JetStream is not answering at
         // all, or the stream that captures it has no leader for a moment (a node died). Only the
         // first is the event's fault: a lookup per subject tells them apart.
@@ -285,7 +526,7 @@ impl Publisher {
             })
             .collect();
         if failed_subjects.is_empty() {
-            return outcomes;
+            return;
         }
         failed_subjects.sort_unstable();
         failed_subjects.dedup();
@@ -303,7 +544,6 @@ impl Publisher {
                 }
             }
         }
-        outcomes
     }
 
     async fn publish_group(&self, group: &[OutboxEvent]) -> Vec<Outcome> {
@@ -353,22 +593,23 @@ impl Publisher {
         }
     }
 
-    async fn send(
+    /// The message of `event`: its subject and headers, or why the event cannot be sent.
+    fn message(
         &self,
         event: &OutboxEvent,
         subject: Result<String>,
         span: &tracing::Span,
-    ) -> Outcome {
+    ) -> std::result::Result<(String, async_nats::HeaderMap), Failure> {
         let subject = match event.validate().and(subject) {
             Ok(subject) => subject,
-            Err(e) => return Outcome::Failed(Failure::new(FailureKind::Invalid, e.to_string())),
+            Err(e) => return Err(Failure::new(FailureKind::Invalid, e.to_string())),
         };
         let trace = outgoing_trace_headers(span);
         let headers = headers_with(event, self.header_format, &self.ce_source, &trace);
         // Writers check the block with the Outbox-* headers; the CloudEvents ones are longer.
         let block = header_block_len(&headers);
         if block > crate::event::MAX_HEADER_BLOCK_BYTES {
-            return Outcome::Failed(Failure::new(
+            return Err(Failure::new(
                 FailureKind::Invalid,
                 format!(
                     "headers take {block} bytes with the relay's own ({:?} format), more than the {} JetStream stores",
@@ -377,6 +618,19 @@ impl Publisher {
                 ),
             ));
         }
+        Ok((subject, headers))
+    }
+
+    async fn send(
+        &self,
+        event: &OutboxEvent,
+        subject: Result<String>,
+        span: &tracing::Span,
+    ) -> Outcome {
+        let (subject, headers) = match self.message(event, subject, span) {
+            Ok(message) => message,
+            Err(f) => return Outcome::Failed(f),
+        };
         let sent = self
             .js
             .publish_with_headers(subject, headers, event.payload.clone())
@@ -424,9 +678,7 @@ impl Publisher {
             }
             PublishErrorKind::TimedOut => Failure::new(FailureKind::Timeout, e.to_string()),
             PublishErrorKind::Other => {
-                let code = std::error::Error::source(e)
-                    .and_then(|s| s.downcast_ref::<jetstream::Error>())
-                    .map(jetstream::Error::error_code);
+                let code = error_code(e);
                 use jetstream::ErrorCode as C;
                 match code {
                     Some(C::STREAM_MESSAGE_EXCEEDS_MAXIMUM | C::STREAM_HEADER_EXCEEDS_MAXIMUM) => {
@@ -460,7 +712,14 @@ impl Publisher {
                         | C::CLUSTER_NOT_ASSIGNED
                         | C::CLUSTER_NOT_AVAILABLE
                         | C::CLUSTER_NOT_LEADER
-                        | C::CLUSTER_REQUIRED,
+                        | C::CLUSTER_REQUIRED
+                        // An atomic batch the server dropped (its timeout, a restart), too many
+                        // open at once, the stream's allow_atomic switched off, or a server
+                        // limit below ATOMIC_BATCH_MAX: the broker's, never the events'.
+                        | C::ATOMIC_PUBLISH_INCOMPLETE_BATCH
+                        | C::ATOMIC_PUBLISH_TOO_MANY_INFLIGHT
+                        | C::ATOMIC_PUBLISH_DISABLED
+                        | C::ATOMIC_PUBLISH_TOO_LARGE_BATCH,
                     )
                     | None => Failure::new(FailureKind::Broker, e.to_string()),
                     // Any other answer of JetStream's about this message: the event's, so that a
@@ -519,6 +778,21 @@ impl Coverage {
     }
 }
 
+/// JetStream's error code in a failed publish's answer, if it answered.
+fn error_code(e: &jetstream::context::PublishError) -> Option<jetstream::ErrorCode> {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<jetstream::Error>())
+        .map(jetstream::Error::error_code)
+}
+
+/// Every event of a unit with the same failure.
+fn fail_all(events: &[(At, &OutboxEvent)], f: Failure) -> Vec<(At, Outcome)> {
+    events
+        .iter()
+        .map(|(at, _)| (*at, Outcome::Failed(f.clone())))
+        .collect()
+}
+
 fn is_not_found(e: &jetstream::context::GetStreamError) -> bool {
     matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(ref js)
         if js.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
@@ -527,6 +801,22 @@ fn is_not_found(e: &jetstream::context::GetStreamError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn atomic_batches_need_nats_server_2_12() {
+        for (version, takes) in [
+            ("2.9.10", false),
+            ("2.11.4", false),
+            ("2.12.0", true),
+            ("2.12.0-RC.1", true),
+            ("2.15.1", true),
+            ("3.0.0", true),
+            ("", false),
+            ("garbage", false),
+        ] {
+            assert_eq!(takes_atomic_batches(version), takes, "{version}");
+        }
+    }
 
     #[test]
     fn no_responders_blame_the_event_only_where_no_stream_listens() {

@@ -11,7 +11,8 @@ use crate::event::OutboxEvent;
 use crate::metrics::Metrics;
 use crate::policy::Outcome;
 use crate::policy::{is_broker_outage, FailureKind, RetryPolicy, Verdict, WAKE_HEADS};
-use crate::publisher::Publisher;
+use crate::publisher::{Publisher, ATOMIC_BATCH_MAX};
+use crate::source::atomic;
 use crate::source::store::{BeforeCommit, Claim, Failure, Runs, Split, Store};
 
 /// What one batch (or two in flight together) did.
@@ -296,10 +297,26 @@ pub(crate) async fn publish_claim(
     if claim.groups.is_empty() {
         return Ok(published);
     }
+    // `--transactions atomic`: the rest of each transaction the claim holds part of.
+    let completion = match publisher.atomic() {
+        true => Some(
+            claim
+                .complete_transactions(ATOMIC_BATCH_MAX, claim.ordered)
+                .await?,
+        ),
+        false => None,
+    };
     // The transaction headers; a failure here is the database's, as a claim's would be.
     let runs = claim.read_transactions().await?;
     let publish_started = Instant::now();
-    let outcomes = publisher.publish(&claim.groups).await;
+    let outcomes = match &completion {
+        Some(completion) => {
+            let plan = atomic::plan(&claim.groups, completion, ATOMIC_BATCH_MAX);
+            note_plan(metrics, &claim.groups, &plan);
+            publisher.publish_atomic(&claim.groups, &plan).await
+        }
+        None => publisher.publish(&claim.groups).await,
+    };
     let publish_s = publish_started.elapsed().as_secs_f64();
     metrics.publish_duration.observe(publish_s);
     published.publish_ms = Some(publish_s * 1000.0);
@@ -374,6 +391,31 @@ impl Published {
             "batch done"
         );
         Ok(report)
+    }
+}
+
+/// Counts and logs what an atomic plan holds back or splits.
+fn note_plan(metrics: &Metrics, groups: &[Vec<OutboxEvent>], plan: &atomic::Plan) {
+    if plan.held > 0 {
+        metrics.transactions_held.inc_by(plan.held as u64);
+        tracing::debug!(
+            held = plan.held,
+            "events held back: their transactions cannot go out whole in this batch"
+        );
+    }
+    for txid in &plan.split {
+        metrics.transactions_split.inc();
+        let events = groups
+            .iter()
+            .flatten()
+            .find_map(|e| e.transaction.filter(|t| t.id == *txid))
+            .and_then(|t| t.events);
+        tracing::warn!(
+            transaction_id = txid,
+            events,
+            max = ATOMIC_BATCH_MAX,
+            "transaction larger than one atomic batch: published in parts, each atomic"
+        );
     }
 }
 

@@ -5,6 +5,7 @@
 //! settle under the policy, record) and `recovery` (after a failed batch, and pauses that yield to
 //! shutdown).
 
+pub(crate) mod atomic;
 pub(crate) mod batch;
 pub(crate) mod recovery;
 pub(crate) mod store;

@@ -30,6 +30,18 @@ const WAKE: &str = include_str!("../../sql/queries/table/wake.sql");
 const BEGIN_CLAIM: &str = include_str!("../../sql/queries/table/begin_claim.sql");
 const HAS_TRANSACTIONS: &str = include_str!("../../sql/queries/table/has_transactions.sql");
 const TRANSACTIONS: &str = include_str!("../../sql/queries/table/transactions.sql");
+const COMPLETE_TRANSACTIONS: &str =
+    include_str!("../../sql/queries/table/complete_transactions.sql");
+
+/// What [`Claim::complete_transactions`] found: rows taken that must wait behind an older row of
+/// their aggregate outside the batch, transactions that could not all be taken, and those too
+/// large for one atomic batch.
+#[derive(Debug, Default)]
+pub(crate) struct Completion {
+    pub blocked: HashSet<Uuid>,
+    pub incomplete: HashSet<u64>,
+    pub split: HashSet<u64>,
+}
 
 /// A claim statement as the schema at hand runs it: as written where rows record their
 /// transaction (schema version 9), else returning NULL for it (`without_txid`).
@@ -136,6 +148,13 @@ const TRANSACTIONS_TYPES: &[Type] = &[
     Type::INT8_ARRAY,
     Type::INT8_ARRAY,
 ];
+const COMPLETE_TRANSACTIONS_TYPES: &[Type] = &[
+    Type::TEXT_ARRAY,
+    Type::INT8_ARRAY,
+    Type::UUID_ARRAY,
+    Type::INT8,
+    Type::BOOL,
+];
 const RECORD_FAILURES_TYPES: &[Type] = &[
     Type::UUID_ARRAY,
     Type::TEXT_ARRAY,
@@ -153,6 +172,8 @@ struct Statements {
     /// `transactions.sql`, where the table records each row's transaction (schema version 9),
     /// with what earlier batches learnt of the transactions they published part of.
     transactions: Option<(Stmt, std::sync::Mutex<Learnt>)>,
+    /// `complete_transactions.sql` (`--transactions atomic`), on the same schema.
+    complete_transactions: Option<Stmt>,
 }
 
 /// What the relay learnt of transactions a batch published part of, so that the next batch of
@@ -277,6 +298,8 @@ pub(crate) struct Claim<'a> {
     pub full: bool,
     /// Rows the claim marked processed: the eligible ones.
     marked: Vec<Uuid>,
+    /// Its groups keep per-aggregate order (false: `--ordering none`, each event a group).
+    pub ordered: bool,
 }
 
 impl Store {
@@ -354,6 +377,18 @@ impl Store {
                     Stmt::new(&client, TRANSACTIONS, TRANSACTIONS_TYPES, prepare).await?,
                     std::sync::Mutex::new(Learnt::default()),
                 )),
+                false => None,
+            },
+            complete_transactions: match has {
+                true => Some(
+                    Stmt::new(
+                        &client,
+                        COMPLETE_TRANSACTIONS,
+                        COMPLETE_TRANSACTIONS_TYPES,
+                        prepare,
+                    )
+                    .await?,
+                ),
                 false => None,
             },
         };
@@ -478,6 +513,7 @@ impl Store {
             claimed,
             full,
             marked,
+            ordered: ordering == Ordering::Aggregate,
         })
     }
 
@@ -510,6 +546,7 @@ impl Store {
             claimed: 0,
             full: false,
             marked: Vec::new(),
+            ordered: true,
         })
     }
 
@@ -915,6 +952,7 @@ pub(crate) struct OpenClaim {
     claimed: usize,
     full: bool,
     marked: Vec<Uuid>,
+    ordered: bool,
 }
 
 impl OpenClaim {
@@ -942,6 +980,7 @@ impl Store {
             claimed: open.claimed,
             full: open.full,
             marked: open.marked,
+            ordered: open.ordered,
         })
     }
 }
@@ -954,6 +993,7 @@ impl Claim<'_> {
             claimed: self.claimed,
             full: self.full,
             marked: self.marked,
+            ordered: self.ordered,
         }
     }
 
@@ -1133,6 +1173,86 @@ impl Claim<'_> {
             }
         }
         Ok(runs)
+    }
+
+    /// `--transactions atomic`: takes the pending rest of each transaction the claim holds events
+    /// of (up to `limit` events; `ordered`: the claim keeps per-aggregate order), so that it goes
+    /// out whole (`complete_transactions.sql`). The rows taken join their aggregates' groups (or
+    /// new ones) in seq order and are put back at the finish unless published or failed. Nothing
+    /// on a schema older than version 9.
+    pub async fn complete_transactions(
+        &mut self,
+        limit: usize,
+        ordered: bool,
+    ) -> Result<Completion> {
+        let mut completion = Completion::default();
+        let Some(statement) = &self.statements.complete_transactions else {
+            return Ok(completion);
+        };
+        let mut here: BTreeMap<u64, i64> = BTreeMap::new();
+        let mut ids: Vec<Uuid> = Vec::new();
+        for e in self.groups.iter().flatten() {
+            if let Some(t) = e.transaction.filter(|t| t.events != Some(1)) {
+                *here.entry(t.id).or_default() += 1;
+                ids.push(e.id);
+            }
+        }
+        if here.is_empty() {
+            return Ok(completion);
+        }
+        let txids: Vec<String> = here.keys().map(u64::to_string).collect();
+        let counts: Vec<i64> = here.into_values().collect();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let stream = statement
+            .query_raw(self.client, &[&txids, &counts, &ids, &limit, &ordered])
+            .await?;
+        futures::pin_mut!(stream);
+        let mut taken: Vec<(ClaimedRow, bool)> = Vec::new();
+        while let Some(row) = stream.try_next().await? {
+            let kind: &str = row.try_get("kind")?;
+            let txid = || {
+                row.try_get::<_, Option<&str>>("txid")
+                    .ok()
+                    .flatten()
+                    .and_then(|t| t.parse::<u64>().ok())
+            };
+            match kind {
+                "split" => completion.split.extend(txid()),
+                "incomplete" => completion.incomplete.extend(txid()),
+                _ => taken.push((claimed_row(&row)?, row.try_get("blocked")?)),
+            }
+        }
+        let mut at: HashMap<(String, String), usize> = HashMap::new();
+        for (g, group) in self.groups.iter().enumerate() {
+            if let Some(e) = group.first() {
+                at.insert((e.aggregate_type.clone(), e.aggregate_id.clone()), g);
+            }
+        }
+        for (row, blocked) in taken {
+            let aggregate = row.aggregate.clone();
+            let Some(event) = row.into_event() else {
+                continue;
+            };
+            self.marked.push(event.id);
+            self.claimed += 1;
+            if blocked {
+                completion.blocked.insert(event.id);
+            }
+            match at.get(&aggregate).filter(|_| ordered) {
+                Some(&g) => {
+                    let group = &mut self.groups[g];
+                    let place = group.partition_point(|e| e.seq < event.seq);
+                    group.insert(place, event);
+                }
+                None => {
+                    if ordered {
+                        at.insert(aggregate, self.groups.len());
+                    }
+                    self.groups.push(vec![event]);
+                }
+            }
+        }
+        Ok(completion)
     }
 
     /// What another module's claim statements took: the groups to publish, the rows locked and

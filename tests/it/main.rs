@@ -43,6 +43,7 @@ macro_rules! for_each_source {
 }
 
 mod arbitrary_rows;
+mod atomic;
 mod cli;
 mod clock;
 mod cluster;

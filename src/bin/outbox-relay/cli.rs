@@ -11,7 +11,9 @@ use outbox_relay::config::{
     BatchConfig, MetricsConfig, NatsConfig, PostgresConfig, PublishConfig, RetentionConfig,
     RetryConfig, Secret, SourceConfig, WalConfig,
 };
-use outbox_relay::{HeaderFormat, NotifyMode, Ordering, RelayConfig, Source, WalMarking};
+use outbox_relay::{
+    HeaderFormat, NotifyMode, Ordering, RelayConfig, Source, TransactionMode, WalMarking,
+};
 use uuid::Uuid;
 
 /// The library's defaults are the CLI's: written once, in each section's `Default`.
@@ -265,6 +267,10 @@ value_enum!(HeaderFormatArg <=> HeaderFormat {
     Cloudevents = CloudEvents,
     Both = Both,
 });
+value_enum!(TransactionModeArg <=> TransactionMode {
+    Events = Events,
+    Atomic = Atomic,
+});
 value_enum!(WalMarkingArg <=> WalMarking { Delete = Delete, Update = Update });
 value_enum!(SourceArg <=> Source { Notify = Notify, Wal = Wal });
 value_enum!(NotifyModeArg <=> NotifyMode {
@@ -386,6 +392,11 @@ pub struct PublishArgs {
     pub ce_source: String,
     #[arg(long, env = "OUTBOX_PUBLISH_TIMEOUT", default_value_t = defaults().publish.timeout.into())]
     pub publish_timeout: humantime::Duration,
+    /// `events`: one message per event, each acked on its own. `atomic`: each database
+    /// transaction's events as one JetStream atomic batch, visible to consumers all at once or not
+    /// at all (nats-server 2.12+, a stream with allow_atomic: --create-stream sets it).
+    #[arg(long, env = "OUTBOX_TRANSACTIONS", value_enum, default_value_t = defaults().publish.transactions.into())]
+    pub transactions: TransactionModeArg,
 }
 
 /// Batching ([`BatchConfig`]).
@@ -523,6 +534,7 @@ impl From<PublishArgs> for PublishConfig {
         c.header_format = a.headers.into();
         c.ce_source = a.ce_source;
         c.timeout = a.publish_timeout.into();
+        c.transactions = a.transactions.into();
         c
     }
 }

@@ -1,0 +1,72 @@
+-- `--transactions atomic`: the rest of each transaction a claim holds events of, so that it goes
+-- out whole. $1: the txids (text) of the claim's events, $2: how many events of each the claim
+-- holds, $3: the ids of the claim's events (the wal source's claims lock rows without marking
+-- them: they still look pending), $4: the most events one atomic batch may hold, $5: whether the
+-- claim keeps per-aggregate order. Runs in the claim's transaction, after the claim.
+--
+-- One answer per transaction with pending rows left (none for one the claim holds whole):
+-- * kind `row`: each of its pending rows, locked and marked as a claim marks them, with `blocked`
+--   when an older pending row of its aggregate stays outside the batch (it may not go out yet);
+-- * `incomplete`: a pending row of it could not be taken (another session holds it, or it waits
+--   for its retry, or is dead-lettered): the relay holds the transaction;
+-- * `split`: more rows left (with those the claim holds) than one atomic batch holds: none
+--   taken, the transaction is published in parts.
+--
+-- Found through outbox_events_txid_idx only: the pending test is wrapped in coalesce() so that the
+-- pending rows' partial indexes stay out of the plan (as in purge_transactions.sql).
+WITH given AS (
+    SELECT g.txid::xid8 AS txid, g.here FROM unnest($1::text[], $2::int8[]) AS g(txid, here)
+), sized AS (
+    SELECT g.txid, g.here,
+           (SELECT count(*)
+            FROM (SELECT 1 FROM outbox_events o
+                  WHERE o.txid = g.txid AND coalesce(o.processed_at IS NULL, false)
+                    AND o.id <> ALL ($3::uuid[])
+                  LIMIT $4 + 1) n) AS pending
+    FROM given g
+), locked AS (
+    SELECT e.id, e.txid, outbox_eligible(e.dead_lettered_at, e.retry_after) AS eligible
+    FROM outbox_events e
+    WHERE e.txid = ANY(ARRAY(SELECT s.txid FROM sized s
+                             WHERE s.pending > 0 AND s.here + s.pending <= $4))
+      AND coalesce(e.processed_at IS NULL, false)
+      AND e.id <> ALL ($3::uuid[])
+    FOR UPDATE OF e SKIP LOCKED
+), verdict AS (
+    SELECT s.txid,
+           CASE
+               WHEN s.here + s.pending > $4 THEN 'split'
+               WHEN s.pending > (SELECT count(*) FROM locked l
+                                 WHERE l.txid = s.txid AND l.eligible) THEN 'incomplete'
+               ELSE 'row'
+           END AS kind
+    FROM sized s
+    WHERE s.pending > 0
+), taken AS MATERIALIZED (
+    SELECT l.id FROM locked l JOIN verdict v ON v.txid = l.txid AND v.kind = 'row'
+), marked AS (
+    UPDATE outbox_events u
+    SET processed_at = now(), retry_after = NULL
+    WHERE u.id = ANY(ARRAY(SELECT t.id FROM taken t))
+    RETURNING u.id, u.seq, u.aggregate_type, u.aggregate_id, u.event_type,
+              u.payload::text AS payload, u.headers::text AS headers, u.attempts, u.created_at,
+              u.txid::text AS txid,
+              true AS eligible, false AS held,
+              $5 AND EXISTS (
+                  SELECT 1 FROM outbox_events o
+                  WHERE o.processed_at IS NULL
+                    AND o.aggregate_type = u.aggregate_type
+                    AND o.aggregate_id >= u.aggregate_id AND o.aggregate_id <= u.aggregate_id
+                    AND o.seq < u.seq
+                    AND o.id <> ALL ($3::uuid[])
+                    AND o.id <> ALL (ARRAY(SELECT t.id FROM taken t))
+                  ORDER BY o.aggregate_id DESC, o.seq DESC
+                  OFFSET 0) AS blocked,
+              'row' AS kind
+)
+SELECT * FROM marked
+UNION ALL
+SELECT NULL::uuid, NULL::int8, NULL::varchar, NULL::varchar, NULL::varchar, NULL::text, NULL::text,
+       NULL::int, NULL::timestamptz, v.txid::text, false, false, false, v.kind
+FROM verdict v
+WHERE v.kind <> 'row'

@@ -1,0 +1,425 @@
+//! `--transactions atomic`: each database transaction's events as one JetStream atomic batch
+//! (nats-server 2.12+, a stream with `allow_atomic`). A reader of the stream never sees part of a
+//! transaction, whatever happens to the relay; what the server or the stream cannot do is refused
+//! at start.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use async_nats::jetstream;
+use futures::StreamExt;
+use outbox_relay::Source;
+use testkit::outbox::{CliRelay, Env, Stored, STREAM};
+use testkit::wait_until;
+
+const TX_ID: &str = "Outbox-Transaction-Id";
+const TX_EVENTS: &str = "Outbox-Transaction-Events";
+
+/// Whether the nats-server under test takes atomic batches; a test of them on an older server
+/// checks the refusal instead.
+fn atomic_server() -> bool {
+    testkit::nats_version().is_some_and(|(major, minor, _)| (major, minor) >= (2, 12))
+}
+
+/// Switches `allow_atomic` on for the test stream (a stream update).
+async fn allow_atomic(env: &Env) {
+    let js = env.js().await;
+    let mut s = js.get_stream(STREAM).await.expect("stream");
+    let mut config = s.info().await.expect("info").config.clone();
+    config.allow_atomic_publish = true;
+    js.update_stream(config).await.expect("allow_atomic");
+}
+
+/// Writes transaction `k` of `n` events over five aggregates, the payload naming both.
+async fn write_transaction(client: &mut tokio_postgres::Client, k: i64, n: i64) {
+    let tx = client.transaction().await.expect("begin");
+    tx.execute(
+        "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+         SELECT 'order', (g % 5)::text, 'order.created',
+                jsonb_build_object('tx', $1::int8, 'i', g, 'n', $2::int8)
+         FROM generate_series(1, $2::int8) g
+         ORDER BY g",
+        &[&k, &n],
+    )
+    .await
+    .expect("a transaction's events");
+    tx.commit().await.expect("commit");
+}
+
+/// Polls the stream: asks for its last sequence, reads every message up to it, and checks that
+/// every transaction seen so far is whole (as many distinct events as its
+/// `Outbox-Transaction-Events`), but for the one the stream ends with when its last message
+/// read is not its batch's commit: nats-server (2.15.1 here) stores a committed batch's messages
+/// one after the other, and a reader can see the stream's last sequence move through a batch
+/// while it is stored (an uncommitted batch it never sees). That one must be whole at a later
+/// poll: every transaction is checked once more after the last poll. Returns the messages read,
+/// once `expected` distinct events are in.
+async fn read_never_seeing_part_of_a_transaction(
+    js: jetstream::Context,
+    expected: usize,
+) -> Vec<Stored> {
+    let mut s = js.get_stream(STREAM).await.expect("stream");
+    let consumer = s
+        .create_consumer(jetstream::consumer::pull::OrderedConfig {
+            headers_only: true,
+            ..Default::default()
+        })
+        .await
+        .expect("ordered consumer");
+    let mut messages = consumer.messages().await.expect("messages");
+    let mut seen: Vec<Stored> = Vec::new();
+    let mut per_tx: HashMap<String, (HashSet<String>, usize)> = HashMap::new();
+    let mut ids: HashSet<String> = HashSet::new();
+    let mut polls = 0;
+    let mut caught_storing = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    while ids.len() < expected {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {expected} events after 180 s",
+            ids.len()
+        );
+        let last = s.info().await.expect("stream info").state.last_sequence;
+        if seen.last().map_or(0, |m| m.seq) == last {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        while seen.last().map_or(0, |m| m.seq) < last {
+            let msg = tokio::time::timeout(Duration::from_secs(30), messages.next())
+                .await
+                .expect("a message the stream holds")
+                .expect("stream ended")
+                .expect("message");
+            let m = Stored::from_message(&msg);
+            let id = m.headers["Outbox-Event-Id"].clone();
+            let tx = m.headers.get(TX_ID).cloned().expect("a transaction id");
+            let events: usize = m.headers[TX_EVENTS].parse().expect("a count");
+            let entry = per_tx.entry(tx).or_insert_with(|| (HashSet::new(), events));
+            entry.0.insert(id.clone());
+            ids.insert(id);
+            seen.push(m);
+        }
+        polls += 1;
+        let storing = seen
+            .last()
+            .filter(|m| m.headers.contains_key("Nats-Batch-Id"))
+            .filter(|m| !m.headers.contains_key("Nats-Batch-Commit"))
+            .and_then(|m| m.headers.get(TX_ID));
+        if storing.is_some() {
+            caught_storing += 1;
+        }
+        for (tx, (events, count)) in &per_tx {
+            if Some(tx) != storing {
+                assert_eq!(
+                    events.len(),
+                    *count,
+                    "up to stream sequence {last}: transaction {tx} seen in part"
+                );
+            }
+        }
+    }
+    for (tx, (events, count)) in &per_tx {
+        assert_eq!(events.len(), *count, "transaction {tx} whole in the end");
+    }
+    eprintln!("{polls} polls, {caught_storing} while a batch was being stored");
+    assert!(polls > 1, "the reader polled the stream as it grew");
+    seen
+}
+
+for_each_source!(atomic_transactions_are_never_seen_in_part_across_kills);
+
+/// Transactions of 1, 10 and 500 events written while relays publish them in atomic mode, with
+/// `--batch-size 100` (a 500-event transaction is completed from the table by the claim), killed
+/// (SIGKILL) at random points; with the table source two relays run side by side. A reader polling
+/// the stream never sees part of a transaction, and in the end every event is there, once after
+/// deduplication by event id.
+async fn atomic_transactions_are_never_seen_in_part_across_kills(source: Source) {
+    let env = Env::new().await;
+    env.source_config(source).await;
+    if !atomic_server() {
+        return refused_by_an_old_server(&env, source).await;
+    }
+    allow_atomic(&env).await;
+    let source_args = env.source_args(source);
+    let mut args: Vec<&str> = source_args.iter().map(String::as_str).collect();
+    args.extend(["--batch-size", "100", "--transactions", "atomic"]);
+    let sizes = [1_i64, 10, 500];
+    let rounds = 12;
+    let total: usize = (0..rounds * sizes.len())
+        .map(|k| sizes[k % sizes.len()] as usize)
+        .sum();
+    let reader = tokio::spawn(read_never_seeing_part_of_a_transaction(
+        env.js().await,
+        total,
+    ));
+    let writer = {
+        let db = env.db.clone();
+        tokio::spawn(async move {
+            let mut client = testkit::pg_client(&db).await;
+            // Paced, so that the kills fall while transactions are still coming.
+            for k in 0..rounds * sizes.len() {
+                write_transaction(&mut client, k as i64, sizes[k % sizes.len()]).await;
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+        })
+    };
+    let seed = fastrand::u64(..);
+    eprintln!("kill points seed: {seed}");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    for round in 0..4 {
+        let relays: Vec<CliRelay> = match source {
+            Source::Notify => vec![CliRelay::run(&env, &args), CliRelay::run(&env, &args)],
+            Source::Wal => vec![CliRelay::run(&env, &args)],
+        };
+        let before = env.stream_len().await;
+        // Something published, or nothing left to (the writer may be done already).
+        wait_until(
+            &format!("round {round}: the relays publish"),
+            Duration::from_secs(30),
+            || async {
+                env.stream_len().await > before || env.count("processed_at IS NULL").await == 0
+            },
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(rng.u64(0..300))).await; // the random kill point
+        for relay in relays {
+            relay.kill();
+        }
+    }
+    let last = match source {
+        Source::Notify => 2,
+        Source::Wal => 1,
+    };
+    let relays: Vec<(CliRelay, std::net::SocketAddr)> = (0..last)
+        .map(|_| {
+            let addr = testkit::free_addr();
+            let addr_arg = addr.to_string();
+            let mut with_addr = args.clone();
+            with_addr.extend(["--metrics-addr", addr_arg.as_str()]);
+            (CliRelay::run_logged(&env, &with_addr), addr)
+        })
+        .collect();
+    writer.await.expect("writer");
+    let seen = tokio::time::timeout(Duration::from_secs(150), reader)
+        .await
+        .expect("the reader saw every event")
+        .expect("the reader");
+    for (relay, addr) in relays {
+        // Up (SIGTERM before its handler is in would kill it), then stopped cleanly.
+        wait_until("the relay ready", Duration::from_secs(20), || async {
+            matches!(testkit::http_get(addr, "/readyz").await, Some((200, _)))
+        })
+        .await;
+        let (code, log) = relay.terminate_logged(Duration::from_secs(20));
+        assert_eq!(code, Ok(Some(0)), "{log}");
+    }
+    let distinct: HashSet<&String> = seen.iter().map(|m| &m.headers["Outbox-Event-Id"]).collect();
+    // A transaction sent again after a kill (within the duplicate window) is refused whole by
+    // JetStream and confirmed event by event: nothing is stored twice.
+    assert_eq!(seen.len(), distinct.len(), "no event stored twice");
+    assert_eq!(distinct.len(), total, "every event");
+    // Each transaction of several events went out as atomic batches, each its own block of
+    // consecutive stream sequences.
+    let mut batches: HashMap<&str, Vec<u64>> = HashMap::new();
+    for m in &seen {
+        if let Some(batch) = m.headers.get("Nats-Batch-Id") {
+            batches.entry(batch).or_default().push(m.seq);
+        }
+    }
+    assert!(!batches.is_empty(), "atomic batches in the stream");
+    for (batch, seqs) in &batches {
+        let (lo, hi) = (seqs[0], seqs[seqs.len() - 1]);
+        assert_eq!(hi - lo + 1, seqs.len() as u64, "batch {batch} is one block");
+    }
+    // Each batch ends with its commit: nothing of an uncommitted batch (a relay killed while
+    // sending one) was stored.
+    for m in &seen {
+        if let Some(batch) = m.headers.get("Nats-Batch-Id") {
+            let n: u64 = m.headers["Nats-Batch-Sequence"]
+                .parse()
+                .expect("batch sequence");
+            let size = batches[batch.as_str()].len() as u64;
+            assert_eq!(
+                m.headers.contains_key("Nats-Batch-Commit"),
+                n == size,
+                "{m:?}"
+            );
+        }
+    }
+}
+
+/// On a server older than 2.12 the relay refuses atomic mode at start, naming the version.
+async fn refused_by_an_old_server(env: &Env, source: Source) {
+    let source_args = env.source_args(source);
+    let url = env.nats.url();
+    let mut args: Vec<&str> = vec!["run", "--nats-url", &url, "--transactions", "atomic"];
+    args.extend(source_args.iter().map(String::as_str));
+    let (code, _, stderr) = testkit::outbox::cli(&env.db, &args);
+    assert_ne!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("2.12"), "{stderr}");
+}
+
+/// Against a stream without `allow_atomic` the relay refuses to start, naming the fix; with
+/// `--create-stream` it creates the stream with it, and relays.
+#[tokio::test]
+async fn atomic_mode_needs_a_stream_that_takes_atomic_batches() {
+    let env = Env::new().await;
+    if !atomic_server() {
+        return refused_by_an_old_server(&env, Source::Notify).await;
+    }
+    let url = env.nats.url();
+    let (code, _, stderr) = testkit::outbox::cli(
+        &env.db,
+        &["run", "--nats-url", &url, "--transactions", "atomic"],
+    );
+    assert_ne!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("allow_atomic"), "{stderr}");
+    let js = env.js().await;
+    js.delete_stream(STREAM).await.expect("delete stream");
+    let relay = CliRelay::run(&env, &["--transactions", "atomic", "--create-stream"]);
+    wait_until(
+        "the relay created the stream",
+        Duration::from_secs(20),
+        || async { js.get_stream(STREAM).await.is_ok() },
+    )
+    .await;
+    let mut client = env.client().await;
+    write_transaction(&mut client, 1, 3).await;
+    env.wait_stream_len(3, Duration::from_secs(20)).await;
+    let mut s = js.get_stream(STREAM).await.expect("stream");
+    assert!(s.info().await.expect("info").config.allow_atomic_publish);
+    assert_eq!(relay.terminate(), Some(0));
+}
+
+/// A crash between a batch's commit and the rows' marking: the transaction is published again,
+/// JetStream refuses the batch whole (its ids are stored, err_code 10201), and the relay confirms
+/// the events one by one as duplicates: stored once, marked, the relay not stuck.
+#[tokio::test]
+async fn a_transaction_already_in_the_stream_is_not_stored_twice() {
+    let env = Env::new().await;
+    if !atomic_server() {
+        return refused_by_an_old_server(&env, Source::Notify).await;
+    }
+    allow_atomic(&env).await;
+    let mut client = env.client().await;
+    write_transaction(&mut client, 1, 4).await;
+    let args = ["--transactions", "atomic"];
+    let relay = CliRelay::run(&env, &args);
+    wait_until("published and marked", Duration::from_secs(20), || async {
+        env.count("processed_at IS NULL").await == 0
+    })
+    .await;
+    assert_eq!(relay.terminate(), Some(0));
+    // What a kill after the commit leaves: the rows pending, the batch stored.
+    client
+        .batch_execute("UPDATE outbox_events SET processed_at = NULL")
+        .await
+        .expect("unmark");
+    write_transaction(&mut client, 2, 3).await;
+    let relay = CliRelay::run(&env, &args);
+    wait_until("both marked", Duration::from_secs(20), || async {
+        env.count("processed_at IS NULL").await == 0
+    })
+    .await;
+    env.wait_stream_len(7, Duration::from_secs(20)).await;
+    assert_eq!(relay.terminate(), Some(0));
+    let stored = env.stored().await;
+    assert_eq!(stored.len(), 7, "the first transaction stored once");
+    testkit::outbox::assert_unique(&stored);
+}
+
+/// An event the relay cannot publish (its headers are too large for JetStream) inside a
+/// transaction: its siblings are held with it and dead-lettered with it, each naming the
+/// transaction, and nothing of it reaches the stream; other transactions go on.
+#[tokio::test]
+async fn a_poison_event_holds_its_transaction() {
+    let env = Env::new().await;
+    if !atomic_server() {
+        return refused_by_an_old_server(&env, Source::Notify).await;
+    }
+    allow_atomic(&env).await;
+    let mut client = env.client().await;
+    let tx = client.transaction().await.expect("begin");
+    tx.batch_execute(
+        "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+         VALUES ('order', 'p1', 'order.created', '{}'), ('order', 'p2', 'order.created', '{}');
+         INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, headers)
+         VALUES ('order', 'p3', 'order.created', '{}',
+                 jsonb_build_object('x-big', repeat('x', 70000)));",
+    )
+    .await
+    .expect("poisoned transaction");
+    tx.commit().await.expect("commit");
+    write_transaction(&mut client, 9, 3).await;
+    let relay = CliRelay::run(&env, &["--transactions", "atomic", "--max-attempts", "1"]);
+    env.wait_dead_letters(3, Duration::from_secs(30)).await;
+    env.wait_stream_len(3, Duration::from_secs(20)).await;
+    assert_eq!(relay.terminate(), Some(0));
+    let errors: Vec<String> = client
+        .query(
+            "SELECT last_error FROM outbox_events WHERE dead_lettered_at IS NOT NULL ORDER BY seq",
+            &[],
+        )
+        .await
+        .expect("dead letters")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(errors.len(), 3);
+    for e in &errors[..2] {
+        assert!(
+            e.contains("held with event") && e.contains("transaction"),
+            "{e}"
+        );
+    }
+    assert!(
+        errors[2].contains("other events are held with it"),
+        "{}",
+        errors[2]
+    );
+    let stored = env.stored().await;
+    assert!(
+        stored
+            .iter()
+            .all(|m| m.payload.contains("\"tx\": 9") || m.payload.contains("\"tx\":9")),
+        "{stored:?}"
+    );
+}
+
+/// A transaction larger than one atomic batch (1,000 events) goes out in parts, each part atomic,
+/// in write order: never stuck.
+#[tokio::test]
+async fn a_transaction_over_the_atomic_limit_goes_in_parts() {
+    let env = Env::new().await;
+    if !atomic_server() {
+        return refused_by_an_old_server(&env, Source::Notify).await;
+    }
+    allow_atomic(&env).await;
+    let mut client = env.client().await;
+    write_transaction(&mut client, 1, 1500).await;
+    let relay = CliRelay::run(&env, &["--transactions", "atomic", "--batch-size", "1000"]);
+    env.wait_stream_len(1500, Duration::from_secs(60)).await;
+    assert_eq!(relay.terminate(), Some(0));
+    let stored = env.stored_headers().await;
+    testkit::outbox::assert_unique(&stored);
+    let batches: HashSet<&String> = stored
+        .iter()
+        .filter_map(|m| m.headers.get("Nats-Batch-Id"))
+        .collect();
+    assert!(
+        batches.len() >= 2,
+        "published in parts: {} batches",
+        batches.len()
+    );
+    // Per aggregate, the write order.
+    let mut last: HashMap<String, u64> = HashMap::new();
+    for m in &stored {
+        let index: u64 = m.headers["Outbox-Transaction-Index"]
+            .parse()
+            .expect("index");
+        let aggregate = m.headers["Outbox-Aggregate-Id"].clone();
+        if let Some(before) = last.insert(aggregate, index) {
+            assert!(before < index, "aggregate order");
+        }
+    }
+}
