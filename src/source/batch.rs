@@ -309,10 +309,12 @@ pub(crate) async fn publish_claim(
     // The transaction headers; a failure here is the database's, as a claim's would be.
     let runs = claim.read_transactions().await?;
     let publish_started = Instant::now();
+    let mut held = 0;
     let outcomes = match &completion {
         Some(completion) => {
             let plan = atomic::plan(&claim.groups, completion, ATOMIC_BATCH_MAX);
             note_plan(metrics, &claim.groups, &plan);
+            held = plan.held;
             publisher.publish_atomic(&claim.groups, &plan).await
         }
         None => publisher.publish(&claim.groups).await,
@@ -349,6 +351,14 @@ pub(crate) async fn publish_claim(
         full,
         ..settlement.report
     };
+    if held > 0 && held == claim.groups.iter().map(Vec::len).sum::<usize>() {
+        // Every event held (its transaction's other rows locked elsewhere, waiting for a
+        // retry or dead): claiming again at once would find the same. As for an empty claim,
+        // wait for a notification, the fallback ticker, or a short while.
+        published.report.claimed = 0;
+        published.report.full = false;
+        published.report.next_retry = earliest(published.report.next_retry, Some(HELD_RETRY));
+    }
     published.split = split_transactions(&claim.groups, &settlement.published, &runs);
     published.published = settlement.published;
     published.failures = settlement.failures;
@@ -393,6 +403,10 @@ impl Published {
         Ok(report)
     }
 }
+
+/// When a batch (`--transactions atomic`) could publish nothing because every event's transaction
+/// was held, claim again after this long at the latest.
+const HELD_RETRY: Duration = Duration::from_millis(250);
 
 /// Counts and logs what an atomic plan holds back or splits.
 fn note_plan(metrics: &Metrics, groups: &[Vec<OutboxEvent>], plan: &atomic::Plan) {

@@ -21,6 +21,28 @@ fn atomic_server() -> bool {
     testkit::nats_version().is_some_and(|(major, minor, _)| (major, minor) >= (2, 12))
 }
 
+/// Per aggregate, the events in the order written: by transaction (one writer, so transaction
+/// ids grow), then by place in it. Redeliveries (a later copy of an event) are skipped.
+fn assert_aggregate_order(stored: &[Stored]) {
+    let mut seen: HashSet<&String> = HashSet::new();
+    let mut last: HashMap<&String, (u64, u64)> = HashMap::new();
+    for m in stored {
+        if !seen.insert(&m.headers["Outbox-Event-Id"]) {
+            continue;
+        }
+        let at = (
+            m.headers[TX_ID].parse::<u64>().expect("transaction id"),
+            m.headers["Outbox-Transaction-Index"]
+                .parse::<u64>()
+                .expect("index"),
+        );
+        let aggregate = &m.headers["Outbox-Aggregate-Id"];
+        if let Some(before) = last.insert(aggregate, at) {
+            assert!(before < at, "aggregate {aggregate}: {before:?} then {at:?}");
+        }
+    }
+}
+
 /// Switches `allow_atomic` on for the test stream (a stream update).
 async fn allow_atomic(env: &Env) {
     let js = env.js().await;
@@ -217,6 +239,7 @@ async fn atomic_transactions_are_never_seen_in_part_across_kills(source: Source)
     // A transaction sent again after a kill (within the duplicate window) is refused whole by
     // JetStream and confirmed event by event: nothing is stored twice.
     assert_eq!(seen.len(), distinct.len(), "no event stored twice");
+    assert_aggregate_order(&seen);
     assert_eq!(distinct.len(), total, "every event");
     // Each transaction of several events went out as atomic batches, each its own block of
     // consecutive stream sequences.
@@ -422,4 +445,144 @@ async fn a_transaction_over_the_atomic_limit_goes_in_parts() {
             assert!(before < index, "aggregate order");
         }
     }
+}
+
+for_each_source!(the_broker_killed_mid_batch_leaves_no_transaction_in_part);
+
+/// nats-server killed (and started again) while the relay publishes transactions of 50 events as
+/// atomic batches: batches in flight are lost or refused, never stored in part; every event ends
+/// up in the stream once, every transaction whole and in one block, no event dead-lettered.
+async fn the_broker_killed_mid_batch_leaves_no_transaction_in_part(source: Source) {
+    let mut env = Env::new().await;
+    env.source_config(source).await;
+    if !atomic_server() {
+        return refused_by_an_old_server(&env, source).await;
+    }
+    allow_atomic(&env).await;
+    let source_args = env.source_args(source);
+    let mut args: Vec<&str> = source_args.iter().map(String::as_str).collect();
+    args.extend([
+        "--transactions",
+        "atomic",
+        "--fallback-interval",
+        "1s",
+        "--max-attempts",
+        "3",
+    ]);
+    let relay = CliRelay::run_logged(&env, &args);
+    let (transactions, size) = (60_i64, 50_i64);
+    let writer = {
+        let db = env.db.clone();
+        tokio::spawn(async move {
+            let mut client = testkit::pg_client(&db).await;
+            for k in 0..transactions {
+                write_transaction(&mut client, k, size).await;
+                tokio::time::sleep(Duration::from_millis(50)).await; // ~3 s of writes
+            }
+        })
+    };
+    wait_until(
+        "some transactions relayed",
+        Duration::from_secs(20),
+        || async { env.stream_len().await >= 2 * size as u64 },
+    )
+    .await;
+    env.nats.kill();
+    tokio::time::sleep(Duration::from_secs(2)).await; // the outage itself
+    env.nats.start_again();
+    writer.await.expect("writer");
+    let total = (transactions * size) as usize;
+    wait_until("every row published", Duration::from_secs(60), || async {
+        env.count("processed_at IS NULL").await == 0
+    })
+    .await;
+    assert_eq!(env.count("dead_lettered_at IS NOT NULL").await, 0);
+    let (code, log) = relay.terminate_logged(Duration::from_secs(20));
+    assert_eq!(code, Ok(Some(0)), "{log}");
+    let stored = env.stored().await;
+    let ids: HashSet<&String> = stored
+        .iter()
+        .map(|m| &m.headers["Outbox-Event-Id"])
+        .collect();
+    assert_eq!(ids.len(), total, "every event");
+    assert_eq!(stored.len(), total, "no event stored twice");
+    assert_aggregate_order(&stored);
+    // Each transaction: one batch, one block of the stream, whole.
+    let mut blocks: HashMap<&String, Vec<u64>> = HashMap::new();
+    for m in &stored {
+        blocks.entry(&m.headers[TX_ID]).or_default().push(m.seq);
+    }
+    assert_eq!(blocks.len(), transactions as usize);
+    for (tx, seqs) in &blocks {
+        assert_eq!(seqs.len(), size as usize, "transaction {tx} whole");
+        assert_eq!(
+            seqs[seqs.len() - 1] - seqs[0] + 1,
+            size as u64,
+            "transaction {tx} in one block"
+        );
+    }
+}
+
+/// A row of a transaction locked by another session (an operator's `SELECT ... FOR UPDATE`): the
+/// transaction's other events are held while the lock is, later transactions go on, and once the
+/// lock is gone the transaction goes out whole.
+#[tokio::test]
+async fn a_transaction_with_a_row_locked_elsewhere_waits_whole() {
+    let env = Env::new().await;
+    if !atomic_server() {
+        return refused_by_an_old_server(&env, Source::Notify).await;
+    }
+    allow_atomic(&env).await;
+    let client = env.client().await;
+    let insert = |aggregates: &'static [&'static str]| {
+        let values: Vec<String> = aggregates
+            .iter()
+            .map(|a| format!("('order', '{a}', 'order.created', '{{}}')"))
+            .collect();
+        format!(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES {}",
+            values.join(", ")
+        )
+    };
+    client
+        .batch_execute(&insert(&["a1", "a2", "a3"]))
+        .await
+        .expect("held transaction");
+    let mut holder = env.client().await;
+    let lock = holder.transaction().await.expect("begin");
+    lock.execute(
+        "SELECT 1 FROM outbox_events WHERE aggregate_id = 'a2' FOR UPDATE",
+        &[],
+    )
+    .await
+    .expect("lock a2");
+    client
+        .batch_execute(&insert(&["b1", "b2"]))
+        .await
+        .expect("later transaction");
+    let relay = CliRelay::run(&env, &["--transactions", "atomic"]);
+    env.wait_stream_len(2, Duration::from_secs(20)).await;
+    let stored = env.stored().await;
+    assert!(
+        stored
+            .iter()
+            .all(|m| m.headers["Outbox-Aggregate-Id"].starts_with('b')),
+        "only the later transaction while a2 is locked: {stored:?}"
+    );
+    assert_eq!(env.count("processed_at IS NULL").await, 3);
+    lock.rollback().await.expect("release");
+    env.wait_stream_len(5, Duration::from_secs(20)).await;
+    assert_eq!(relay.terminate(), Some(0));
+    let stored = env.stored().await;
+    assert_eq!(stored.len(), 5);
+    let held: Vec<u64> = stored
+        .iter()
+        .filter(|m| m.headers["Outbox-Aggregate-Id"].starts_with('a'))
+        .map(|m| m.seq)
+        .collect();
+    assert_eq!(
+        held,
+        vec![3, 4, 5],
+        "the held transaction whole, in one block"
+    );
 }
