@@ -471,18 +471,33 @@ impl Publisher {
                     .collect()
             }
             Err(e)
-                if error_code(&e)
-                    == Some(jetstream::ErrorCode::ATOMIC_PUBLISH_CONTAINS_DUPLICATE_MESSAGE) =>
+                if matches!(
+                    error_code(&e),
+                    Some(
+                        jetstream::ErrorCode::ATOMIC_PUBLISH_CONTAINS_DUPLICATE_MESSAGE
+                            | jetstream::ErrorCode::ATOMIC_PUBLISH_TOO_LARGE_BATCH
+                    )
+                ) =>
             {
-                // Already stored, as a whole (a crash between a batch's commit and the rows'
-                // marking), or in part (published event by event before): JetStream refuses the
-                // whole batch. Sent one by one, what is stored is confirmed as a duplicate and
-                // anything missing is stored alone.
-                tracing::info!(
-                    transaction_id = txid,
-                    events = events.len(),
-                    "transaction already in the stream: confirming its events one by one"
-                );
+                if error_code(&e) == Some(jetstream::ErrorCode::ATOMIC_PUBLISH_TOO_LARGE_BATCH) {
+                    // A server whose batch limit is below ours: never stuck, event by event.
+                    tracing::warn!(
+                        transaction_id = txid,
+                        events = events.len(),
+                        error = %e,
+                        "the server refused the transaction's atomic batch as too large: publishing it event by event"
+                    );
+                } else {
+                    // Already stored, as a whole (a crash between a batch's commit and the rows'
+                    // marking), or in part (published event by event before): JetStream refuses
+                    // the whole batch. Sent one by one, what is stored is confirmed as a
+                    // duplicate and anything missing is stored alone.
+                    tracing::info!(
+                        transaction_id = txid,
+                        events = events.len(),
+                        "transaction already in the stream: confirming its events one by one"
+                    );
+                }
                 let mut out = Vec::with_capacity(events.len());
                 let mut failed = false;
                 for (at, event) in &events {

@@ -122,11 +122,17 @@ impl NatsServer {
     /// Readiness is "TCP accepts and the log says `Server is ready`", since
     /// the harness cannot know the credentials.
     pub fn start_with_config(conf_text: &str) -> NatsServer {
+        Self::start_with_jetstream_config("", conf_text)
+    }
+
+    /// [`NatsServer::start_with_config`] with `jetstream_text` inside the `jetstream { ... }`
+    /// block (its `limits { ... }`, say).
+    pub fn start_with_jetstream_config(jetstream_text: &str, conf_text: &str) -> NatsServer {
         let dir = TestDir::new("nats", None);
         let port = proc::free_port();
         let store = dir.path().join("js");
         let conf = format!(
-            "listen: \"127.0.0.1:{port}\"\njetstream {{\n  store_dir: \"{}\"\n}}\n{conf_text}\n",
+            "listen: \"127.0.0.1:{port}\"\njetstream {{\n  store_dir: \"{}\"\n{jetstream_text}\n}}\n{conf_text}\n",
             store.display()
         );
         let (args, log_path) = config_args(&dir, &conf);

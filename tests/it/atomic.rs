@@ -586,3 +586,49 @@ async fn a_transaction_with_a_row_locked_elsewhere_waits_whole() {
         "the held transaction whole, in one block"
     );
 }
+
+/// A server whose atomic batches take fewer events than the relay's limit (here 5) refuses a
+/// larger transaction's batch (err_code 10199): the relay sends that transaction event by event
+/// instead of retrying it for ever.
+#[tokio::test]
+async fn a_server_with_a_lower_batch_limit_gets_the_transaction_event_by_event() {
+    if !atomic_server() {
+        return;
+    }
+    let nats = testkit::NatsServer::start_with_jetstream_config(
+        "  limits {\n    batch {\n      max_msgs: 5\n    }\n  }",
+        "",
+    );
+    let env = Env {
+        db: testkit::shared_pg().create_migrated_database().await,
+        nats,
+    };
+    env.create_stream().await;
+    allow_atomic(&env).await;
+    let mut client = env.client().await;
+    write_transaction(&mut client, 1, 4).await;
+    write_transaction(&mut client, 2, 8).await;
+    let relay = CliRelay::run_logged(&env, &["--transactions", "atomic"]);
+    env.wait_stream_len(12, Duration::from_secs(20)).await;
+    wait_until("all marked", Duration::from_secs(20), || async {
+        env.count("processed_at IS NULL").await == 0
+    })
+    .await;
+    let (code, log) = relay.terminate_logged(Duration::from_secs(20));
+    assert_eq!(code, Ok(Some(0)), "{log}");
+    assert!(
+        log.contains("too large: publishing it event by event"),
+        "{log}"
+    );
+    let stored = env.stored().await;
+    assert_eq!(stored.len(), 12);
+    assert_aggregate_order(&stored);
+    let batched = stored
+        .iter()
+        .filter(|m| m.headers.contains_key("Nats-Batch-Id"))
+        .count();
+    assert_eq!(
+        batched, 4,
+        "the 4-event transaction as one batch, the other event by event"
+    );
+}
