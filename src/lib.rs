@@ -32,7 +32,8 @@
 //! - `relay`: `Relay` (start-up waits, side tasks, shutdown and hand-over): resolves the config
 //!   once and hands each part its section.
 //! - `source`: what both sources share: `source::batch` (publish, settle under the policy,
-//!   record), `source::recovery` (after a failed batch; pauses that yield to shutdown).
+//!   record), `source::atomic` (`--transactions atomic`: which events go out as which atomic
+//!   batches), `source::recovery` (after a failed batch; pauses that yield to shutdown).
 //! - `source::table` (`--source notify`): `processor` (drain, arm, wait, drain), `listener`
 //!   (LISTEN/NOTIFY, arming), `signals` (wake reasons, the arming state machine), `store` (the
 //!   worker connection and the claim from the table, `sql/queries`).
