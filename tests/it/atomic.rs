@@ -407,6 +407,33 @@ async fn a_poison_event_holds_its_transaction() {
             .all(|m| m.payload.contains("\"tx\": 9") || m.payload.contains("\"tx\":9")),
         "{stored:?}"
     );
+    // The operator fixes the poison and retries it alone: its whole transaction goes, as one
+    // batch.
+    let poison: uuid::Uuid = client
+        .query_one(
+            "UPDATE outbox_events SET headers = '{}' WHERE aggregate_id = 'p3' RETURNING id",
+            &[],
+        )
+        .await
+        .expect("fix the poison")
+        .get(0);
+    let (code, out, err) =
+        testkit::outbox::cli(&env.db, &["dead-letters", "retry", &poison.to_string()]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let relay = CliRelay::run(&env, &["--transactions", "atomic", "--max-attempts", "1"]);
+    env.wait_stream_len(6, Duration::from_secs(20)).await;
+    wait_until("no dead letter left", Duration::from_secs(20), || async {
+        env.count("processed_at IS NULL").await == 0
+    })
+    .await;
+    assert_eq!(relay.terminate(), Some(0));
+    let stored = env.stored().await;
+    let revived: Vec<&Stored> = stored.iter().filter(|m| m.seq > 3).collect();
+    assert_eq!(revived.len(), 3);
+    let batch = revived[0].headers.get("Nats-Batch-Id").expect("one batch");
+    assert!(revived
+        .iter()
+        .all(|m| m.headers.get("Nats-Batch-Id") == Some(batch)));
 }
 
 /// A transaction larger than one atomic batch (1,000 events) goes out in parts, each part atomic,

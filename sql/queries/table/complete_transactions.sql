@@ -8,7 +8,9 @@
 -- * kind `row`: each of its pending rows, locked and marked as a claim marks them, with `blocked`
 --   when an older pending row of its aggregate stays outside the batch (it may not go out yet);
 -- * `incomplete`: a pending row of it could not be taken (another session holds it, or it waits
---   for its retry, or is dead-lettered): the relay holds the transaction;
+--   for its retry): the relay holds the transaction. A dead-lettered row is taken, and retried
+--   (attempts from 0, as `dead-letters retry` does): the claim holds a live event of its
+--   transaction, which an operator retried;
 -- * `split`: more rows left (with those the claim holds) than one atomic batch holds: none
 --   taken, the transaction is published in parts.
 --
@@ -25,7 +27,11 @@ WITH given AS (
                   LIMIT $4 + 1) n) AS pending
     FROM given g
 ), locked AS (
-    SELECT e.id, e.txid, outbox_eligible(e.dead_lettered_at, e.retry_after) AS eligible
+    SELECT e.id, e.txid,
+           -- A dead-lettered row is taken too: one event of a dead transaction retried (the one
+           -- that failed it, fixed) retries all of it, as `dead-letters retry` would each.
+           outbox_eligible(e.dead_lettered_at, e.retry_after) OR e.dead_lettered_at IS NOT NULL
+               AS eligible
     FROM outbox_events e
     WHERE e.txid = ANY(ARRAY(SELECT s.txid FROM sized s
                              WHERE s.pending > 0 AND s.here + s.pending <= $4))
@@ -46,7 +52,8 @@ WITH given AS (
     SELECT l.id FROM locked l JOIN verdict v ON v.txid = l.txid AND v.kind = 'row'
 ), marked AS (
     UPDATE outbox_events u
-    SET processed_at = now(), retry_after = NULL
+    SET processed_at = now(), retry_after = NULL, dead_lettered_at = NULL,
+        attempts = CASE WHEN u.dead_lettered_at IS NULL THEN u.attempts ELSE 0 END
     WHERE u.id = ANY(ARRAY(SELECT t.id FROM taken t))
     RETURNING u.id, u.seq, u.aggregate_type, u.aggregate_id, u.event_type,
               u.payload::text AS payload, u.headers::text AS headers, u.attempts, u.created_at,
