@@ -164,11 +164,17 @@ impl RetryPolicy {
 /// Nothing of the batch went through and nothing failed for a reason of its own: the broker is
 /// down, not the events. The relay then spends no attempts and puts the rows back as they were.
 pub(crate) fn is_broker_outage<'a>(outcomes: impl IntoIterator<Item = &'a Outcome>) -> bool {
+    // At least one failure: a batch whose events were all held (`--transactions atomic`) met no
+    // broker at all.
+    let mut failed = false;
     outcomes.into_iter().all(|o| match o {
         Outcome::Published { .. } => false,
-        Outcome::Failed(f) => f.kind.is_brokers(),
+        Outcome::Failed(f) => {
+            failed = true;
+            f.kind.is_brokers()
+        }
         Outcome::NotAttempted => true,
-    })
+    }) && failed
 }
 
 /// After a batch that found rows, poll again after this pause rather than arming for
@@ -353,7 +359,9 @@ mod tests {
             failed(Broker),
             Outcome::NotAttempted
         ]));
-        assert!(outage(&[]));
+        // Nothing attempted (every event held by an atomic plan) met no broker at all.
+        assert!(!outage(&[]));
+        assert!(!outage(&[Outcome::NotAttempted, Outcome::NotAttempted]));
         assert!(!outage(&[failed(Timeout), published()]));
         for own in [Invalid, TooLarge, Rejected] {
             assert!(!outage(&[failed(Broker), failed(own)]), "{own:?}");

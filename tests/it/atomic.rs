@@ -659,3 +659,53 @@ async fn a_server_with_a_lower_batch_limit_gets_the_transaction_event_by_event()
         "the 4-event transaction as one batch, the other event by event"
     );
 }
+
+for_each_source!(a_large_transaction_committed_before_an_older_writer_of_its_aggregate);
+
+/// A transaction larger than the wal stream holds at once (12 events, `--batch-size 5`) commits
+/// while an older transaction that wrote one of its aggregates first is still open, then that one
+/// commits: both go out, each whole, nothing stuck, with either source.
+async fn a_large_transaction_committed_before_an_older_writer_of_its_aggregate(source: Source) {
+    let env = Env::new().await;
+    env.source_config(source).await;
+    if !atomic_server() {
+        return refused_by_an_old_server(&env, source).await;
+    }
+    allow_atomic(&env).await;
+    let source_args = env.source_args(source);
+    let mut args: Vec<&str> = source_args.iter().map(String::as_str).collect();
+    args.extend(["--transactions", "atomic", "--batch-size", "5"]);
+    let relay = CliRelay::run_logged(&env, &args);
+    let mut older = env.client().await;
+    let older_tx = older.transaction().await.expect("begin");
+    older_tx
+        .execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+             VALUES ('order', '0', 'order.created', '{\"tx\": 0, \"i\": 1}')",
+            &[],
+        )
+        .await
+        .expect("older row");
+    let mut client = env.client().await;
+    write_transaction(&mut client, 1, 12).await;
+    older_tx.commit().await.expect("commit the older");
+    wait_until("both published", Duration::from_secs(30), || async {
+        env.count("processed_at IS NULL").await == 0 && env.stream_len().await >= 13
+    })
+    .await;
+    let (code, log) = relay.terminate_logged(Duration::from_secs(20));
+    assert_eq!(code, Ok(Some(0)), "{log}");
+    let stored = env.stored().await;
+    assert_eq!(stored.len(), 13, "each event once");
+    let mut blocks: HashMap<&String, Vec<u64>> = HashMap::new();
+    for m in &stored {
+        blocks.entry(&m.headers[TX_ID]).or_default().push(m.seq);
+    }
+    for (tx, seqs) in &blocks {
+        assert_eq!(
+            seqs[seqs.len() - 1] - seqs[0] + 1,
+            seqs.len() as u64,
+            "transaction {tx} in one block"
+        );
+    }
+}
