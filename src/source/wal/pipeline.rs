@@ -156,6 +156,11 @@ struct Tracked {
     /// Claimed behind an older row of its aggregate the stream had not brought: the WAL position
     /// the stream must pass before that row counts as in no stream.
     behind_since: Option<u64>,
+    /// How far the stream had brought commits when the row was last carried for that reason:
+    /// with the read-ahead full, carried again only once the stream moved on. A stream that
+    /// cannot move (its read-ahead full of rows waiting like this one, the older row behind
+    /// them) would never bring it.
+    behind_streamed: Option<u64>,
 }
 
 /// The pipeline's state (see the module doc).
@@ -182,6 +187,8 @@ pub(crate) struct Pipeline {
     next_batch: BatchId,
     /// Rows and bytes waiting for a batch.
     queued: (usize, usize),
+    /// A batch's rows and bytes (the last cut's limits): the stream is read while fewer wait.
+    batch_limits: (usize, usize),
     /// The indexes of the rows waiting for a batch (cut in this order without walking the rows
     /// in flight).
     waiting: BTreeSet<u64>,
@@ -218,6 +225,7 @@ impl Pipeline {
                         batch: None,
                         carried: false,
                         behind_since: None,
+                        behind_streamed: None,
                     },
                 );
                 self.next_index += 1;
@@ -286,6 +294,7 @@ impl Pipeline {
     /// Takes the rows waiting for a batch, in stream order: at most `max_rows` and `max_bytes`
     /// (the first row always).
     pub fn cut(&mut self, max_rows: usize, max_bytes: usize) -> Option<Cut> {
+        self.batch_limits = (max_rows, max_bytes);
         let id = self.next_batch;
         let mut taken = Vec::new();
         let mut bytes = 0usize;
@@ -349,7 +358,10 @@ impl Pipeline {
     /// seq committing last): the row is carried and claimed again shortly, and goes out in commit
     /// order once the stream brings the other. Once the stream has passed it, the older row is
     /// in no stream (skipped, or left by an earlier relay): the aggregate goes to the table,
-    /// which publishes both in seq order.
+    /// which publishes both in seq order. The table too when rows waiting like this fill the
+    /// stream's read-ahead and the stream brought no commit since the row was last carried: a
+    /// transaction with more rows than the read-ahead holds would keep the other from ever
+    /// coming.
     pub fn claimed<S: BuildHasher>(
         &mut self,
         batch: BatchId,
@@ -379,6 +391,18 @@ impl Pipeline {
             !prev.is_empty() && prev.get(id).is_some_and(|p| known.get(p) != Some(&key))
         };
         let streamed_to = self.streamed_to;
+        // Should this batch's rows all come back, would they fill the stream's read-ahead (the
+        // driver reads the stream while fewer than a batch wait)? Then a row waiting for an
+        // older one the stream has not brought waits only while the stream moves.
+        let flight_bytes: usize = self.flights[at]
+            .rows
+            .iter()
+            .filter_map(|i| rows.get(i))
+            .map(|t| t.row.size)
+            .fold(0, usize::saturating_add);
+        let (max_rows, max_bytes) = self.batch_limits;
+        let stuck = self.queued.0 + self.flights[at].rows.len() >= max_rows.max(1)
+            || self.queued.1.saturating_add(flight_bytes) > max_bytes;
         let flight = &mut self.flights[at];
         // Per aggregate: after a row not visible, the rest is carried; after one pending, or when
         // the table holds the aggregate, the rest goes to the table (if visible).
@@ -404,6 +428,7 @@ impl Pipeline {
                 && !in_set(&to_table)
                 && (held.is_empty() || !held.contains(key))
                 && streamed_to < tracked.behind_since.unwrap_or(seen_at)
+                && (!stuck || tracked.behind_streamed.is_none_or(|at| at < streamed_to))
             {
                 // Behind a row not streamed yet, perhaps one committed after it: once more.
                 waiting.push((*index, tracked.behind_since.unwrap_or(seen_at)));
@@ -429,6 +454,7 @@ impl Pipeline {
         for (index, since) in waiting {
             if let Some(t) = self.rows.get_mut(&index) {
                 t.behind_since = Some(since);
+                t.behind_streamed = Some(streamed_to);
             }
         }
     }

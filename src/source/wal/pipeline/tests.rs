@@ -854,3 +854,49 @@ fn a_carried_row_keeps_the_slot_waiting_only_until_it_is_resolved() {
     p.recorded(cut.batch);
     assert_eq!(p.confirm(), Some(20));
 }
+
+/// A row behind an older row of its aggregate that the stream has not brought (committed after
+/// it) is carried, claimed again and carried again while the stream has room to bring it; once
+/// rows waiting like it fill the stream's read-ahead (here a batch of one) and the stream brought
+/// nothing since, its aggregate goes to the table, which publishes both in seq order: the older
+/// row would never come.
+#[test]
+fn a_row_behind_an_older_row_the_stream_cannot_bring_goes_to_the_table() {
+    let mut p = Pipeline::new([]);
+    let row = Candidate {
+        transaction: None,
+        id: Uuid::new_v4(),
+        aggregate: key(0),
+        xid: 1,
+        size: 1,
+        content: None,
+    };
+    let older = Uuid::new_v4();
+    p.stream(Change::Begin);
+    p.stream(Change::Insert(row.clone()));
+    p.stream(Change::Commit { end: 10 });
+    let claimed = HashMap::from([(row.id, Found::Claimed)]);
+    let prev = HashMap::from([(row.id, older)]);
+    // Room in the read-ahead: carried, again and again.
+    for _ in 0..3 {
+        let cut = p.cut(10, 10).expect("a batch");
+        p.claimed(cut.batch, &claimed, &HashMap::new(), &prev, 20);
+        assert!(
+            p.publish(cut.batch).is_empty(),
+            "carried: the older row may come"
+        );
+        assert!(p.settled(cut.batch, &HashSet::new()).is_empty());
+        p.recorded(cut.batch);
+    }
+    // The read-ahead full (a batch of one), the stream not moved since the last carry.
+    let cut = p.cut(1, 10).expect("claimed again");
+    p.claimed(cut.batch, &claimed, &HashMap::new(), &prev, 20);
+    assert!(p.publish(cut.batch).is_empty());
+    assert_eq!(
+        p.settled(cut.batch, &HashSet::new()),
+        [key(0)],
+        "the stream cannot bring it: the table takes the aggregate"
+    );
+    p.recorded(cut.batch);
+    assert_eq!(p.confirm(), Some(10));
+}
