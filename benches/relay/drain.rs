@@ -194,6 +194,7 @@ pub(crate) async fn drain_variant(
     let events = backlog.events;
     let mut row = Row::new(scenario, &variant);
     let db = fresh_db(&ctx).await?;
+    crate::atomic::prepare_stream(&ctx.nats_url, backlog).await?;
     let mut wal_relay_args = Vec::new();
     if let Drainer::Wal { args } = &drainer {
         wal_relay_args = crate::env::args(&["--source", "wal"]);
@@ -236,7 +237,9 @@ pub(crate) async fn drain_variant(
         }
     }
 
-    let limit = ctx.drain_timeout(events, classic.is_some());
+    // Atomic batches of small transactions drain at the classic loop's pace (atomic.rs).
+    let slow = classic.is_some() || backlog.per_transaction > 0;
+    let limit = ctx.drain_timeout(events, slow);
     let deadline = started + limit;
     loop {
         let any: bool = within(Duration::from_secs(30), ANY_PENDING_SQL, async {

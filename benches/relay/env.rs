@@ -257,6 +257,9 @@ pub(crate) struct Backlog {
     pub(crate) per_aggregate: u64,
     /// VACUUM ANALYZE after the insert (else the planner has no statistics of the burst).
     pub(crate) analyze: bool,
+    /// Events per writer transaction (`atomic.rs`: also a stream with `allow_atomic`); 0: chunks
+    /// of 10,000.
+    pub(crate) per_transaction: u64,
 }
 
 impl Backlog {
@@ -265,14 +268,20 @@ impl Backlog {
             events,
             per_aggregate: 10,
             analyze: true,
+            per_transaction: 0,
         }
     }
 
     pub(crate) fn describe(&self) -> String {
         format!(
-            "backlog: {} events, {} per aggregate, interleaved{}",
+            "backlog: {} events, {} per aggregate, interleaved{}{}",
             self.events,
             self.per_aggregate,
+            if self.per_transaction > 0 {
+                format!(", in transactions of {}", self.per_transaction)
+            } else {
+                String::new()
+            },
             if self.analyze {
                 ", VACUUM ANALYZE before the drain"
             } else {
@@ -288,6 +297,10 @@ pub(crate) async fn insert_backlog(ctx: &Ctx, client: &Client, backlog: Backlog)
     } = backlog;
     let aggregates = (events / backlog.per_aggregate.max(1)).max(1) as i32;
     let mut start = 0u64;
+    if backlog.per_transaction > 0 {
+        crate::atomic::insert_in_transactions(client, backlog).await?;
+        start = events;
+    }
     while start < events {
         let end = (start + 10_000).min(events);
         let (from, to) = (start as i32, end as i32 - 1);

@@ -1,8 +1,8 @@
 //! End-to-end benchmarks of the relay: a throwaway PostgreSQL (fsync on) and nats-server, the relay
 //! as the CLI binary in child processes.
 //!
-//! `cargo bench --bench relay` (full, about 10 minutes) or `OUTBOX_BENCH_QUICK=1 cargo bench --bench
-//! relay` (under a minute). Positional arguments select scenarios by name substring, for example
+//! `cargo bench --bench relay` (full, about 20 minutes) or `OUTBOX_BENCH_QUICK=1 cargo bench --bench
+//! relay` (a few minutes). Positional arguments select scenarios by name substring, for example
 //! `cargo bench --bench relay -- drain`. `OUTBOX_BENCH_CHARTS_FROM=<results.json>` runs nothing and
 //! draws the charts of that earlier run.
 //!
@@ -24,6 +24,10 @@
 //!    with CPU per event of the relay, PostgreSQL and nats-server, the bare JetStream publisher of
 //!    the same messages (`bare.rs`: the machine's limit), idle latency, 16 writers at full
 //!    speed, and the highest writer rate each relay keeps up with (throttled pgbench runs).
+//! 7. `drain-atomic` and `wal-atomic` (rows of scenarios 1 and 6, which `-- drain` and `-- wal`
+//!    select with them; `-- atomic` runs only these): a backlog written as transactions of 1, 10
+//!    and 100 events (quick mode: 10), drained with `--transactions events` and with `atomic`
+//!    (`atomic.rs`).
 //!
 //! Every row goes into one markdown table on stdout and into `target/bench/results.json`, and the
 //! charts of the scenarios that ran into `target/bench/*.svg` (`charts`). A scenario that fails is
@@ -33,6 +37,7 @@
 //! the `testkit` harness crate), `report` the rows, the table and `results.json`, `charts` the SVG
 //! charts (drawn by `testkit::charts`).
 
+mod atomic;
 mod bare;
 mod charts;
 mod drain;
@@ -53,13 +58,15 @@ use testkit::{NatsServer, PgCluster, PgOptions};
 use env::{find_pgbench, Ctx};
 use report::{markdown_table, Row};
 
-const SCENARIOS: [&str; 6] = [
+const SCENARIOS: [&str; 8] = [
     "drain",
+    "drain-atomic",
     "idle-latency",
     "writers",
     "sustained",
     "relays",
     "wal",
+    "wal-atomic",
 ];
 
 async fn run_scenario(name: &str, ctx: Arc<Ctx>) -> Vec<Row> {
@@ -70,6 +77,8 @@ async fn run_scenario(name: &str, ctx: Arc<Ctx>) -> Vec<Row> {
         "sustained" => sustained::scenario_sustained(ctx).await,
         "relays" => relays::scenario_relays(ctx).await,
         "wal" => wal::scenario_wal(ctx).await,
+        "drain-atomic" => atomic::scenario_drain_atomic(ctx).await,
+        "wal-atomic" => atomic::scenario_wal_atomic(ctx).await,
         other => vec![Row::failed(other, "-", "unknown scenario")],
     }
 }
