@@ -23,7 +23,9 @@
 //! 6. `wal`: the WAL source (`--source wal`) against the table source in one run: a backlog drain
 //!    with CPU per event of the relay, PostgreSQL and nats-server, the bare JetStream publisher of
 //!    the same messages (`bare.rs`: the machine's limit), idle latency, 16 writers at full
-//!    speed, and the highest writer rate each relay keeps up with (throttled pgbench runs).
+//!    speed, and the highest writer rate each relay keeps up with (throttled pgbench runs). Each
+//!    round also runs both drains and the bare publisher with JetStream fast-ingest batches
+//!    (`fast_ingest.rs`: `--publish-batches fast-ingest`), noted against the per-message rows.
 //!
 //! Every row goes into one markdown table on stdout and into `target/bench/results.json`, and the
 //! charts of the scenarios that ran into `target/bench/*.svg` (`charts`). A scenario that fails is
@@ -37,6 +39,7 @@ mod bare;
 mod charts;
 mod drain;
 mod env;
+mod fast_ingest;
 mod idle_latency;
 mod relays;
 mod report;
