@@ -92,6 +92,18 @@ pub enum TransactionMode {
     Atomic,
 }
 
+/// How the relay publishes a batch's events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PublishBatches {
+    /// Each event on its own, its ack awaited (many acks in flight at once).
+    #[default]
+    Off,
+    /// A batch's events as JetStream fast-ingest batches (nats-server 2.14+, a stream with
+    /// `allow_batched`): stored as they arrive, acked every few hundred messages and at the end.
+    /// An event counts as published once the server confirmed its storage, as with `Off`.
+    FastIngest,
+}
+
 /// A string that must not be printed as it is: `Debug` shows it through `$debug` (a redacted
 /// form), `expose()` gives the value to the one place that uses it.
 macro_rules! hidden_string {
@@ -391,6 +403,9 @@ pub struct PublishConfig {
     pub timeout: Duration,
     /// One message per event (the default) or each transaction as one atomic batch.
     pub transactions: TransactionMode,
+    /// Per-message acks (the default) or fast-ingest batches. Not with
+    /// [`TransactionMode::Atomic`].
+    pub batches: PublishBatches,
 }
 
 impl Default for PublishConfig {
@@ -402,6 +417,7 @@ impl Default for PublishConfig {
             ce_source: DEFAULT_CE_SOURCE.into(),
             timeout: Duration::from_secs(5),
             transactions: TransactionMode::Events,
+            batches: PublishBatches::Off,
         }
     }
 }
@@ -422,6 +438,14 @@ impl PublishConfig {
                     "{:?} is not a URI-reference (for example /orders-service or urn:example:orders)",
                     self.ce_source
                 ),
+            ));
+        }
+        if self.batches == PublishBatches::FastIngest
+            && self.transactions == TransactionMode::Atomic
+        {
+            return Err(Error::config(
+                "publish_batches",
+                "--publish-batches fast-ingest does not combine with --transactions atomic (fast-ingest batches store each event as it arrives, an atomic batch all or none): pick one",
             ));
         }
         positive("publish_timeout", self.timeout)

@@ -93,7 +93,8 @@ pub mod wire;
 pub mod writer;
 
 pub use config::{
-    HeaderFormat, NotifyMode, Ordering, RelayConfig, Source, TransactionMode, WalMarking,
+    HeaderFormat, NotifyMode, Ordering, PublishBatches, RelayConfig, Source, TransactionMode,
+    WalMarking,
 };
 pub use consumer::process_once;
 pub use db::connect;

@@ -19,6 +19,8 @@ use crate::source::atomic::{At, Plan, Unit};
 use crate::subject::SubjectTemplate;
 use crate::wire::{header_block_len, headers_with};
 
+mod fast;
+
 /// Duplicate window of streams created by `--create-stream`.
 pub const MIN_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 
@@ -39,6 +41,11 @@ pub(crate) struct Publisher {
     atomic: bool,
     /// Atomic batches open at once (JetStream takes 50 per stream).
     batches: Arc<tokio::sync::Semaphore>,
+    /// `--publish-batches fast-ingest`: a batch's events as fast-ingest batches.
+    fast: bool,
+    /// The stream's subjects, as `ensure_stream` found them: fast-ingest batches go to one stream,
+    /// so an aggregate with an event the stream does not capture is published event by event.
+    stream_subjects: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 /// The most events one atomic batch holds (nats-server's default limit).
@@ -49,11 +56,34 @@ const ATOMIC_BATCHES_AT_ONCE: usize = 32;
 
 /// Whether a nats-server of `version` takes atomic batches (2.12 and later).
 pub(crate) fn takes_atomic_batches(version: &str) -> bool {
+    server_at_least(version, (2, 12))
+}
+
+/// Whether a nats-server of `version` takes fast-ingest batches (2.14 and later).
+pub(crate) fn takes_fast_batches(version: &str) -> bool {
+    server_at_least(version, (2, 14))
+}
+
+fn server_at_least(version: &str, wanted: (u64, u64)) -> bool {
     let mut parts = version
         .split(|c: char| !c.is_ascii_digit())
         .map(|p| p.parse::<u64>().unwrap_or(0));
     let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    (major, minor) >= (2, 12)
+    (major, minor) >= wanted
+}
+
+/// Whether the stream subject `filter` captures `subject` (`*` one token, `>` the rest).
+fn subject_matches(filter: &str, subject: &str) -> bool {
+    let mut filter = filter.split('.');
+    let mut subject = subject.split('.');
+    loop {
+        match (filter.next(), subject.next()) {
+            (Some(">"), Some(_)) => return true,
+            (None, None) => return true,
+            (Some(f), Some(s)) if f == "*" || f == s => {}
+            _ => return false,
+        }
+    }
 }
 
 /// Connects to NATS with the credentials and TLS settings of `nats`. Fails fast (bounded) when the
@@ -160,6 +190,8 @@ impl Publisher {
             clock,
             atomic: publish.transactions == crate::config::TransactionMode::Atomic,
             batches: Arc::new(tokio::sync::Semaphore::new(ATOMIC_BATCHES_AT_ONCE)),
+            fast: publish.batches == crate::config::PublishBatches::FastIngest,
+            stream_subjects: Arc::default(),
         })
     }
 
@@ -173,6 +205,16 @@ impl Publisher {
             if !takes_atomic_batches(&version) {
                 return Err(Error::stream(format!(
                     "--transactions atomic needs nats-server 2.12 or later (atomic batches); this server is {version}: upgrade it, or run with --transactions events"
+                )));
+            }
+        }
+        if self.fast {
+            // A server before 2.14 drops allow_batched from a stream's config and answers no
+            // fast-ingest batch.
+            let version = self.client.server_info().version;
+            if !takes_fast_batches(&version) {
+                return Err(Error::stream(format!(
+                    "--publish-batches fast-ingest needs nats-server 2.14 or later (fast-ingest batches); this server is {version}: upgrade it, or run with --publish-batches off"
                 )));
             }
         }
@@ -212,6 +254,15 @@ impl Publisher {
                 self.stream
             )));
         }
+        if self.fast && !info.config.allow_batch_publish {
+            return Err(Error::stream(format!(
+                "stream {} does not take fast-ingest batches, which --publish-batches fast-ingest needs: set allow_batched on it (a stream update; --create-stream sets it on a stream it creates), or run with --publish-batches off",
+                self.stream
+            )));
+        }
+        if let Ok(mut subjects) = self.stream_subjects.lock() {
+            subjects.clone_from(&info.config.subjects);
+        }
         let gap = self.redelivery_gap;
         if info.config.duplicate_window < gap {
             tracing::warn!(
@@ -236,6 +287,7 @@ impl Publisher {
                 storage: stream::StorageType::File,
                 duplicate_window: window,
                 allow_atomic_publish: self.atomic,
+                allow_batch_publish: self.fast,
                 ..Default::default()
             })
             .await
@@ -310,8 +362,14 @@ impl Publisher {
 
     /// Publishes every group concurrently (pipelined on one connection); within a group, one event
     /// at a time in order, stopping at the first failure so an aggregate's order survives retries.
+    /// With `--publish-batches fast-ingest`, the groups go out as fast-ingest batches instead
+    /// ([`Publisher::publish_fast`]), with the same outcomes.
     pub async fn publish(&self, groups: &[Vec<OutboxEvent>]) -> Vec<Vec<Outcome>> {
-        let mut outcomes = join_all(groups.iter().map(|group| self.publish_group(group))).await;
+        let mut outcomes = if self.fast {
+            self.publish_fast(groups).await
+        } else {
+            join_all(groups.iter().map(|group| self.publish_group(group))).await
+        };
         self.judge_no_responders(&mut outcomes).await;
         outcomes
     }
@@ -561,6 +619,190 @@ impl Publisher {
         }
     }
 
+    /// `--publish-batches fast-ingest`: the groups' events as fast-ingest batches (see
+    /// [`fast`]), each group's events in order. An event is [`Outcome::Published`] only once the
+    /// server confirmed its storage (the final ack's count, or a flow ack covering it). A message
+    /// the stream refuses ends the batch there (nothing after it is stored): that event fails with
+    /// the stream's answer, the rest of its group is held, and the others go out in a new batch.
+    /// When the batch itself fails (the broker's trouble, a timeout), each group's first event not
+    /// confirmed fails with it and the rest of the group is held. A group with an event the
+    /// stream does not capture (routed elsewhere) goes out event by event, as without the flag.
+    async fn publish_fast(&self, groups: &[Vec<OutboxEvent>]) -> Vec<Vec<Outcome>> {
+        let mut outcomes: Vec<Vec<Outcome>> = groups
+            .iter()
+            .map(|g| g.iter().map(|_| Outcome::NotAttempted).collect())
+            .collect();
+        let captured = self
+            .stream_subjects
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default();
+        let in_stream = |event: &OutboxEvent| match self.subject(event) {
+            Ok(subject) => captured.iter().any(|f| subject_matches(f, &subject)),
+            // Failed below, as the event's own.
+            Err(_) => true,
+        };
+        let now = self.clock.now();
+        let mut elsewhere = Vec::new();
+        let mut queue: Vec<Pending> = Vec::new();
+        for (g, group) in groups.iter().enumerate() {
+            if !group.iter().all(in_stream) {
+                elsewhere.push(g);
+                continue;
+            }
+            for (i, event) in group.iter().enumerate() {
+                let subject = self.subject(event);
+                let shown = subject
+                    .as_deref()
+                    .unwrap_or("(invalid subject)")
+                    .to_string();
+                let span = send_span(event, &shown, now);
+                match self.message(event, subject, &span) {
+                    Ok((subject, headers)) => queue.push(Pending {
+                        at: (g, i),
+                        message: fast::Message {
+                            subject,
+                            headers,
+                            payload: event.payload.clone(),
+                        },
+                        span,
+                    }),
+                    Err(mut f) => {
+                        trace_failure(&span, f.kind, &f.message);
+                        f.span = span;
+                        outcomes[g][i] = Outcome::Failed(f);
+                        break;
+                    }
+                }
+            }
+        }
+        let per_event = join_all(elsewhere.iter().map(|&g| self.publish_group(&groups[g])));
+        let batches = self.fast_batches(groups, queue, &mut outcomes);
+        let (per_event, ()) = futures::join!(per_event, batches);
+        for (g, group_outcomes) in elsewhere.into_iter().zip(per_event) {
+            outcomes[g] = group_outcomes;
+        }
+        outcomes
+    }
+
+    /// Publishes `queue` as fast-ingest batches until every event is confirmed or failed (see
+    /// [`Publisher::publish_fast`]), writing into `outcomes`.
+    async fn fast_batches(
+        &self,
+        groups: &[Vec<OutboxEvent>],
+        mut queue: Vec<Pending>,
+        outcomes: &mut [Vec<Outcome>],
+    ) {
+        let flow = fast::Flow {
+            timeout: self.timeout,
+            ..fast::DEFAULT_FLOW
+        };
+        while !queue.is_empty() {
+            let (meta, messages): (Vec<_>, Vec<_>) = queue
+                .into_iter()
+                .map(|p| ((p.at, p.span), p.message))
+                .unzip();
+            let report = fast::publish(&self.client, messages, flow).await;
+            let acked_at = self.clock.now();
+            for ((g, i), _) in &meta[..report.stored.min(meta.len())] {
+                outcomes[*g][*i] = Outcome::Published {
+                    duplicate: false,
+                    acked_at,
+                };
+            }
+            let Some(stop) = report.stop else {
+                return;
+            };
+            let first = report.stored;
+            let event = |(g, i): At| &groups[g][i];
+            // The event the stream refused: its own failure; the rest goes out again.
+            if let fast::Stop::Refused { index, error } = &stop {
+                if let Some(((g, i), _)) = meta.get(*index).filter(|_| *index >= first) {
+                    let (g, i) = (*g, *i);
+                    let mut f = self.blame_code(
+                        event((g, i)),
+                        Some(error.error_code()),
+                        format!("fast-ingest batch: {error}"),
+                    );
+                    if let Some((_, span)) = meta.get(*index) {
+                        trace_failure(span, f.kind, &f.message);
+                        f.span = span.clone();
+                    }
+                    outcomes[g][i] = Outcome::Failed(f);
+                    // Everything not confirmed goes out again (a message stored without its
+                    // confirmation is deduplicated by its Nats-Msg-Id), but the failed event's
+                    // group stops at it. The messages are built again (rarely: a refused event).
+                    queue = Vec::new();
+                    let mut held = std::collections::HashSet::new();
+                    for (at, span) in meta.into_iter().skip(first) {
+                        if (at.0 == g && at.1 >= i) || held.contains(&at.0) {
+                            continue;
+                        }
+                        let e = event(at);
+                        match self.message(e, self.subject(e), &span) {
+                            Ok((subject, headers)) => queue.push(Pending {
+                                at,
+                                message: fast::Message {
+                                    subject,
+                                    headers,
+                                    payload: e.payload.clone(),
+                                },
+                                span,
+                            }),
+                            Err(f) => {
+                                held.insert(at.0);
+                                outcomes[at.0][at.1] = Outcome::Failed(f);
+                            }
+                        }
+                    }
+                    continue;
+                }
+            }
+            // The batch failed: each group's first event not confirmed fails with it.
+            let failure = |at: At, span: &tracing::Span| -> Failure {
+                let mut f = match &stop {
+                    fast::Stop::NoResponders { index }
+                        if meta.get(*index).is_some_and(|(a, _)| *a == at) =>
+                    {
+                        let subject = self.subject_shown(event(at));
+                        Failure {
+                            message: format!("no JetStream stream listens on subject {subject}"),
+                            no_responders: Some(subject),
+                            ..Failure::new(FailureKind::Broker, "")
+                        }
+                    }
+                    fast::Stop::TimedOut(m) => Failure::new(
+                        FailureKind::Timeout,
+                        format!(
+                            "fast-ingest batch: {m}; {first} of its {} events confirmed",
+                            meta.len()
+                        ),
+                    ),
+                    other => Failure::new(
+                        FailureKind::Broker,
+                        format!(
+                            "fast-ingest batch stopped ({}); {first} of its {} events confirmed",
+                            describe(other),
+                            meta.len()
+                        ),
+                    ),
+                };
+                if f.no_responders.is_none() {
+                    trace_failure(span, f.kind, &f.message);
+                }
+                f.span = span.clone();
+                f
+            };
+            let mut failed_groups = std::collections::HashSet::new();
+            for (at, span) in meta.iter().skip(first) {
+                if failed_groups.insert(at.0) {
+                    outcomes[at.0][at.1] = Outcome::Failed(failure(*at, span));
+                }
+            }
+            return;
+        }
+    }
+
     async fn publish_group(&self, group: &[OutboxEvent]) -> Vec<Outcome> {
         let mut outcomes = Vec::with_capacity(group.len());
         let mut failed = false;
@@ -692,58 +934,72 @@ impl Publisher {
                 Failure::new(FailureKind::Rejected, e.to_string())
             }
             PublishErrorKind::TimedOut => Failure::new(FailureKind::Timeout, e.to_string()),
-            PublishErrorKind::Other => {
-                let code = error_code(e);
-                use jetstream::ErrorCode as C;
-                match code {
-                    Some(C::STREAM_MESSAGE_EXCEEDS_MAXIMUM | C::STREAM_HEADER_EXCEEDS_MAXIMUM) => {
-                        Failure::new(
-                            FailureKind::TooLarge,
-                            format!(
-                                "message too large for the stream (payload {} bytes): {e}",
-                                event.payload.len()
-                            ),
-                        )
-                    }
-                    Some(C::STREAM_NOT_FOUND) => Failure::new(
-                        FailureKind::Rejected,
-                        format!(
-                            "no JetStream stream listens on subject {}",
-                            self.subject_shown(event)
-                        ),
-                    ),
-                    // Resources or storage exceeded, the store refusing a write (e.g. a full
-                    // stream with discard new), the cluster incomplete, without peers, inactive or
-                    // without a leader, or no JetStream answer at all: the broker's trouble.
-                    Some(
-                        C::ACCOUNT_RESOURCES_EXCEEDED
-                        | C::INSUFFICIENT_RESOURCES
-                        | C::MEMORY_RESOURCES_EXCEEDED
-                        | C::STORAGE_RESOURCES_EXCEEDED
-                        | C::STREAM_STORE_FAILED
-                        | C::CLUSTER_INCOMPLETE
-                        | C::CLUSTER_NO_PEERS
-                        | C::CLUSTER_NOT_ACTIVE
-                        | C::CLUSTER_NOT_ASSIGNED
-                        | C::CLUSTER_NOT_AVAILABLE
-                        | C::CLUSTER_NOT_LEADER
-                        | C::CLUSTER_REQUIRED
-                        // An atomic batch the server dropped (its timeout, a restart), too many
-                        // open at once, the stream's allow_atomic switched off, or a server
-                        // limit below ATOMIC_BATCH_MAX: the broker's, never the events'.
-                        | C::ATOMIC_PUBLISH_INCOMPLETE_BATCH
-                        | C::ATOMIC_PUBLISH_TOO_MANY_INFLIGHT
-                        | C::ATOMIC_PUBLISH_DISABLED
-                        | C::ATOMIC_PUBLISH_TOO_LARGE_BATCH,
-                    )
-                    | None => Failure::new(FailureKind::Broker, e.to_string()),
-                    // Any other answer of JetStream's about this message: the event's, so that a
-                    // message it keeps refusing is dead-lettered after --max-attempts instead of
-                    // holding its aggregate for ever.
-                    Some(_) => Failure::new(FailureKind::Rejected, e.to_string()),
-                }
-            }
+            PublishErrorKind::Other => self.blame_code(event, error_code(e), e.to_string()),
             _ => Failure::new(FailureKind::Broker, e.to_string()),
+        }
+    }
+
+    /// Whose fault JetStream's answer `code` (None: no answer) about `event` is.
+    fn blame_code(
+        &self,
+        event: &OutboxEvent,
+        code: Option<jetstream::ErrorCode>,
+        e: String,
+    ) -> Failure {
+        use jetstream::ErrorCode as C;
+        match code {
+            Some(C::STREAM_MESSAGE_EXCEEDS_MAXIMUM | C::STREAM_HEADER_EXCEEDS_MAXIMUM) => {
+                Failure::new(
+                    FailureKind::TooLarge,
+                    format!(
+                        "message too large for the stream (payload {} bytes): {e}",
+                        event.payload.len()
+                    ),
+                )
+            }
+            Some(C::STREAM_NOT_FOUND) => Failure::new(
+                FailureKind::Rejected,
+                format!(
+                    "no JetStream stream listens on subject {}",
+                    self.subject_shown(event)
+                ),
+            ),
+            // Resources or storage exceeded, the store refusing a write (e.g. a full
+            // stream with discard new), the cluster incomplete, without peers, inactive or
+            // without a leader, or no JetStream answer at all: the broker's trouble.
+            Some(
+                C::ACCOUNT_RESOURCES_EXCEEDED
+                | C::INSUFFICIENT_RESOURCES
+                | C::MEMORY_RESOURCES_EXCEEDED
+                | C::STORAGE_RESOURCES_EXCEEDED
+                | C::STREAM_STORE_FAILED
+                | C::CLUSTER_INCOMPLETE
+                | C::CLUSTER_NO_PEERS
+                | C::CLUSTER_NOT_ACTIVE
+                | C::CLUSTER_NOT_ASSIGNED
+                | C::CLUSTER_NOT_AVAILABLE
+                | C::CLUSTER_NOT_LEADER
+                | C::CLUSTER_REQUIRED
+                // An atomic batch the server dropped (its timeout, a restart), too many
+                // open at once, the stream's allow_atomic switched off, or a server
+                // limit below ATOMIC_BATCH_MAX: the broker's, never the events'.
+                | C::ATOMIC_PUBLISH_INCOMPLETE_BATCH
+                | C::ATOMIC_PUBLISH_TOO_MANY_INFLIGHT
+                | C::ATOMIC_PUBLISH_DISABLED
+                | C::ATOMIC_PUBLISH_TOO_LARGE_BATCH
+                // A fast-ingest batch the server does not take (allow_batched switched
+                // off, too many at once) or forgot: the broker's as well.
+                | C::BATCH_PUBLISH_DISABLED
+                | C::BATCH_PUBLISH_INVALID_PATTERN
+                | C::BATCH_PUBLISH_INVALID_BATCH_ID
+                | C::BATCH_PUBLISH_UNKNOWN_BATCH_ID
+                | C::BATCH_PUBLISH_TOO_MANY_INFLIGHT,
+            )
+            | None => Failure::new(FailureKind::Broker, e),
+            // Any other answer of JetStream's about this message: the event's, so that a
+            // message it keeps refusing is dead-lettered after --max-attempts instead of
+            // holding its aggregate for ever.
+            Some(_) => Failure::new(FailureKind::Rejected, e),
         }
     }
 }
@@ -800,6 +1056,22 @@ fn error_code(e: &jetstream::context::PublishError) -> Option<jetstream::ErrorCo
         .map(jetstream::Error::error_code)
 }
 
+/// An event waiting in a fast-ingest batch: where it is in the groups, its message and send span.
+struct Pending {
+    at: At,
+    message: fast::Message,
+    span: tracing::Span,
+}
+
+/// A batch's stop, for a failure's message.
+fn describe(stop: &fast::Stop) -> String {
+    match stop {
+        fast::Stop::Refused { index, error } => format!("message {} refused: {error}", index + 1),
+        fast::Stop::NoResponders { index } => format!("no responders for message {}", index + 1),
+        fast::Stop::Broker(m) | fast::Stop::TimedOut(m) => m.clone(),
+    }
+}
+
 /// Every event of a unit with the same failure.
 fn fail_all(events: &[(At, &OutboxEvent)], f: Failure) -> Vec<(At, Outcome)> {
     events
@@ -830,6 +1102,41 @@ mod tests {
             ("garbage", false),
         ] {
             assert_eq!(takes_atomic_batches(version), takes, "{version}");
+        }
+    }
+
+    #[test]
+    fn fast_ingest_batches_need_nats_server_2_14() {
+        for (version, takes) in [
+            ("2.9.10", false),
+            ("2.12.3", false),
+            ("2.14.0", true),
+            ("2.14.0-RC.1", true),
+            ("2.15.1", true),
+            ("3.0.0", true),
+            ("", false),
+        ] {
+            assert_eq!(takes_fast_batches(version), takes, "{version}");
+        }
+    }
+
+    #[test]
+    fn stream_subjects_capture_as_nats_does() {
+        for (filter, subject, captures) in [
+            ("outbox.>", "outbox.order.created", true),
+            ("outbox.>", "outbox", false),
+            ("outbox.*", "outbox.created", true),
+            ("outbox.*", "outbox.order.created", false),
+            ("outbox.*.created", "outbox.order.created", true),
+            ("outbox.order", "outbox.order", true),
+            ("outbox.order", "outbox.orders", false),
+            ("other.>", "outbox.order.created", false),
+        ] {
+            assert_eq!(
+                subject_matches(filter, subject),
+                captures,
+                "{filter} {subject}"
+            );
         }
     }
 

@@ -18,7 +18,7 @@ const WINDOW: usize = 2000;
 
 /// The backlog's payload for event `g` of `aggregates` aggregates, as jsonb renders
 /// `BACKLOG_SQL`'s object (keys by length, then bytes).
-fn payload(g: u64, aggregates: u64) -> String {
+pub(crate) fn payload(g: u64, aggregates: u64) -> String {
     format!(
         r#"{{"note": "leave at the door", "step": {}, "status": "confirmed", "currency": "EUR", "order_id": {}, "customer_id": "cust-{:05}", "amount_cents": {}}}"#,
         g / aggregates,

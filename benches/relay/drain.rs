@@ -408,6 +408,19 @@ pub(crate) async fn scenario_drain(ctx: Arc<Ctx>) -> Vec<Row> {
     .await;
     let mut best: Option<(usize, f64)> = default_row.events_per_s.map(|r| (1000, r));
     rows.push(default_row);
+    let fast = crate::fast_ingest::drain_args();
+    rows.push(
+        run(
+            &ctx,
+            "batch 1000 (default), ordering aggregate, fast-ingest batches".into(),
+            Drainer::Relays {
+                count: 1,
+                args: fast,
+            },
+        )
+        .await,
+    );
+    crate::fast_ingest::against_per_message(&mut rows);
     let tuned: &[usize] = if ctx.quick { &[2000] } else { &[200, 2000] };
     for &batch in tuned {
         let row = run(

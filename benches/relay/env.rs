@@ -187,6 +187,9 @@ pub(crate) async fn reset_stream(nats_url: &str) -> Res<()> {
             subjects: vec![SUBJECTS.into()],
             storage: stream::StorageType::File,
             duplicate_window: Duration::from_secs(600),
+            // Fast-ingest batches (the rows with --publish-batches fast-ingest); nothing else
+            // changes for a per-message publish.
+            allow_batch_publish: true,
             ..Default::default()
         })
         .await

@@ -23,7 +23,9 @@
 //! 6. `wal`: the WAL source (`--source wal`) against the table source in one run: a backlog drain
 //!    with CPU per event of the relay, PostgreSQL and nats-server, the bare JetStream publisher of
 //!    the same messages (`bare.rs`: the machine's limit), idle latency, 16 writers at full
-//!    speed, and the highest writer rate each relay keeps up with (throttled pgbench runs).
+//!    speed, and the highest writer rate each relay keeps up with (throttled pgbench runs). Each
+//!    round also runs both drains and the bare publisher with JetStream fast-ingest batches
+//!    (`fast_ingest.rs`: `--publish-batches fast-ingest`), noted against the per-message rows.
 //! 7. `drain-atomic` and `wal-atomic` (rows of scenarios 1 and 6, which `-- drain` and `-- wal`
 //!    select with them; `-- atomic` runs only these): a backlog written as transactions of 1, 10
 //!    and 100 events (quick mode: 10), drained with `--transactions events` and with `atomic`
@@ -42,6 +44,7 @@ mod bare;
 mod charts;
 mod drain;
 mod env;
+mod fast_ingest;
 mod idle_latency;
 mod relays;
 mod report;

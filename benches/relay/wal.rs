@@ -69,7 +69,9 @@ pub(crate) async fn scenario_wal(ctx: Arc<Ctx>) -> Vec<Row> {
         let limit = ctx.drain_timeout(events, false) + Duration::from_secs(60);
         let fut = bare_publisher(ctx.clone(), S, variant.clone(), backlog);
         rows.push(isolated(S, variant, limit, fut).await);
+        rows.extend(crate::fast_ingest::round(&ctx, S, backlog, round).await);
     }
+    crate::fast_ingest::against_per_message(&mut rows);
     let n = if ctx.quick { 100 } else { 500 };
     for (variant, extra) in [
         (

@@ -194,3 +194,20 @@ fn credentials_move_out_of_the_url() {
     assert!(creds.is_none());
     assert!(split_credentials(" , ").is_err());
 }
+
+#[test]
+fn fast_ingest_batches_do_not_combine_with_atomic_transactions() {
+    let mut c = RelayConfig::new("postgres://localhost/db");
+    c.publish.batches = PublishBatches::FastIngest;
+    c.validate().expect("fast-ingest batches alone are valid");
+    c.publish.transactions = TransactionMode::Atomic;
+    let err = c.validate().expect_err("both at once");
+    assert!(err.is_usage());
+    assert_eq!(
+        err.config_field().map(|(field, _)| field),
+        Some("publish_batches")
+    );
+    let text = err.to_string();
+    assert!(text.contains("--publish-batches fast-ingest"), "{text}");
+    assert!(text.contains("--transactions atomic"), "{text}");
+}

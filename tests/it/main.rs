@@ -51,6 +51,7 @@ mod console;
 mod console_browser;
 mod deploy_files;
 mod edges;
+mod fast_ingest;
 mod faults;
 mod harness;
 mod logs;

@@ -12,7 +12,8 @@ use outbox_relay::config::{
     RetryConfig, Secret, SourceConfig, WalConfig,
 };
 use outbox_relay::{
-    HeaderFormat, NotifyMode, Ordering, RelayConfig, Source, TransactionMode, WalMarking,
+    HeaderFormat, NotifyMode, Ordering, PublishBatches, RelayConfig, Source, TransactionMode,
+    WalMarking,
 };
 use uuid::Uuid;
 
@@ -271,6 +272,10 @@ value_enum!(TransactionModeArg <=> TransactionMode {
     Events = Events,
     Atomic = Atomic,
 });
+value_enum!(PublishBatchesArg <=> PublishBatches {
+    Off = Off,
+    FastIngest = FastIngest,
+});
 value_enum!(WalMarkingArg <=> WalMarking { Delete = Delete, Update = Update });
 value_enum!(SourceArg <=> Source { Notify = Notify, Wal = Wal });
 value_enum!(NotifyModeArg <=> NotifyMode {
@@ -393,10 +398,17 @@ pub struct PublishArgs {
     #[arg(long, env = "OUTBOX_PUBLISH_TIMEOUT", default_value_t = defaults().publish.timeout.into())]
     pub publish_timeout: humantime::Duration,
     /// `events`: one message per event, each acked on its own. `atomic`: each database
-    /// transaction's events as one JetStream atomic batch, visible to consumers all at once or not
-    /// at all (nats-server 2.12+, a stream with allow_atomic: --create-stream sets it).
+    /// transaction's events as one JetStream atomic batch, stored all together or not at all
+    /// (nats-server 2.12+, a stream with allow_atomic: --create-stream sets it).
     #[arg(long, env = "OUTBOX_TRANSACTIONS", value_enum, default_value_t = defaults().publish.transactions.into())]
     pub transactions: TransactionModeArg,
+    /// `off`: each event published on its own, its ack awaited (many in flight). `fast-ingest`:
+    /// a batch's events as JetStream fast-ingest batches, stored as they arrive and acked every few
+    /// hundred messages; an event still counts as published only once the server confirmed its
+    /// storage (nats-server 2.14+, a stream with allow_batched: --create-stream sets it). Not with
+    /// --transactions atomic.
+    #[arg(long, env = "OUTBOX_PUBLISH_BATCHES", value_enum, default_value_t = defaults().publish.batches.into())]
+    pub publish_batches: PublishBatchesArg,
 }
 
 /// Batching ([`BatchConfig`]).
@@ -535,6 +547,7 @@ impl From<PublishArgs> for PublishConfig {
         c.ce_source = a.ce_source;
         c.timeout = a.publish_timeout.into();
         c.transactions = a.transactions.into();
+        c.batches = a.publish_batches.into();
         c
     }
 }
