@@ -709,3 +709,52 @@ async fn a_large_transaction_committed_before_an_older_writer_of_its_aggregate(s
         );
     }
 }
+
+/// Past the stream's duplicate window, a transaction sent again (its rows unmarked by a crash
+/// between the commit and the marking) is stored again, whole, as one batch: JetStream no longer
+/// knows its ids. Nothing stalls; consumers deduplicate by event id (README).
+#[tokio::test]
+async fn past_the_duplicate_window_a_transaction_sent_again_is_stored_again_whole() {
+    let env = Env::new().await;
+    if !atomic_server() {
+        return refused_by_an_old_server(&env, Source::Notify).await;
+    }
+    let js = env.js().await;
+    let mut s = js.get_stream(STREAM).await.expect("stream");
+    let mut config = s.info().await.expect("info").config.clone();
+    config.allow_atomic_publish = true;
+    config.duplicate_window = Duration::from_millis(500);
+    js.update_stream(config)
+        .await
+        .expect("a short duplicate window");
+    let mut client = env.client().await;
+    write_transaction(&mut client, 1, 3).await;
+    let args = ["--transactions", "atomic"];
+    let relay = CliRelay::run(&env, &args);
+    env.wait_stream_len(3, Duration::from_secs(20)).await;
+    wait_until("marked", Duration::from_secs(20), || async {
+        env.count("processed_at IS NULL").await == 0
+    })
+    .await;
+    assert_eq!(relay.terminate(), Some(0));
+    client
+        .batch_execute("UPDATE outbox_events SET processed_at = NULL")
+        .await
+        .expect("unmark");
+    // Past the window (JetStream drops the ids it remembers after it).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let relay = CliRelay::run(&env, &args);
+    env.wait_stream_len(6, Duration::from_secs(20)).await;
+    wait_until("marked again", Duration::from_secs(20), || async {
+        env.count("processed_at IS NULL").await == 0
+    })
+    .await;
+    assert_eq!(relay.terminate(), Some(0));
+    let stored = env.stored().await;
+    assert_eq!(stored.len(), 6);
+    let second: HashSet<&String> = stored[3..]
+        .iter()
+        .map(|m| &m.headers["Nats-Batch-Id"])
+        .collect();
+    assert_eq!(second.len(), 1, "stored again as one batch");
+}
