@@ -436,13 +436,8 @@ impl Publisher {
         let mut spans = Vec::with_capacity(events.len());
         let mut messages = Vec::with_capacity(events.len());
         for (_, event) in &events {
-            let subject = self.subject(event);
-            let shown = subject
-                .as_deref()
-                .unwrap_or("(invalid subject)")
-                .to_string();
-            let span = send_span(event, &shown, now);
-            match self.message(event, subject, &span) {
+            let (span, message) = self.message_in_span(event, now);
+            match message {
                 Ok(message) => messages.push(message),
                 Err(f) => {
                     // The transaction goes out whole or not at all: its other events are held
@@ -651,13 +646,8 @@ impl Publisher {
                 continue;
             }
             for (i, event) in group.iter().enumerate() {
-                let subject = self.subject(event);
-                let shown = subject
-                    .as_deref()
-                    .unwrap_or("(invalid subject)")
-                    .to_string();
-                let span = send_span(event, &shown, now);
-                match self.message(event, subject, &span) {
+                let (span, message) = self.message_in_span(event, now);
+                match message {
                     Ok((subject, headers)) => queue.push(Pending {
                         at: (g, i),
                         message: fast::Message {
@@ -848,6 +838,26 @@ impl Publisher {
             }
             outcome => outcome,
         }
+    }
+
+    /// The event's send span (opened at `now`, under its subject or the template's failure) and
+    /// its message, for a publish that sends several events before awaiting any ack.
+    fn message_in_span(
+        &self,
+        event: &OutboxEvent,
+        now: std::time::SystemTime,
+    ) -> (
+        tracing::Span,
+        std::result::Result<(String, async_nats::HeaderMap), Failure>,
+    ) {
+        let subject = self.subject(event);
+        let shown = subject
+            .as_deref()
+            .unwrap_or("(invalid subject)")
+            .to_string();
+        let span = send_span(event, &shown, now);
+        let message = self.message(event, subject, &span);
+        (span, message)
     }
 
     /// The message of `event`: its subject and headers, or why the event cannot be sent.

@@ -43,6 +43,44 @@ fn assert_aggregate_order(stored: &[Stored]) {
     }
 }
 
+/// Each transaction's stream sequences (`stored`: no event twice), each checked to be one block
+/// of consecutive sequences.
+fn transactions_in_blocks(stored: &[Stored]) -> HashMap<&String, Vec<u64>> {
+    let mut blocks: HashMap<&String, Vec<u64>> = HashMap::new();
+    for m in stored {
+        blocks.entry(&m.headers[TX_ID]).or_default().push(m.seq);
+    }
+    for (tx, seqs) in &blocks {
+        assert_eq!(
+            seqs[seqs.len() - 1] - seqs[0] + 1,
+            seqs.len() as u64,
+            "transaction {tx} in one block"
+        );
+    }
+    blocks
+}
+
+/// A fresh [`Env`] for `source` with `allow_atomic` on its stream, and the relay arguments of
+/// `source` with `--transactions atomic` and `extra`; `None` on a server older than 2.12, after
+/// checking that the relay refuses atomic mode there.
+async fn atomic_env(source: Source, extra: &[&str]) -> Option<(Env, Vec<String>)> {
+    let env = Env::new().await;
+    env.source_config(source).await;
+    if !atomic_server() {
+        refused_by_an_old_server(&env, source).await;
+        return None;
+    }
+    allow_atomic(&env).await;
+    let mut args = env.source_args(source);
+    args.extend(
+        ["--transactions", "atomic"]
+            .iter()
+            .chain(extra)
+            .map(|a| a.to_string()),
+    );
+    Some((env, args))
+}
+
 /// Switches `allow_atomic` on for the test stream (a stream update).
 async fn allow_atomic(env: &Env) {
     let js = env.js().await;
@@ -156,15 +194,10 @@ for_each_source!(atomic_transactions_are_never_seen_in_part_across_kills);
 /// the stream never sees part of a transaction, and in the end every event is there, once after
 /// deduplication by event id.
 async fn atomic_transactions_are_never_seen_in_part_across_kills(source: Source) {
-    let env = Env::new().await;
-    env.source_config(source).await;
-    if !atomic_server() {
-        return refused_by_an_old_server(&env, source).await;
-    }
-    allow_atomic(&env).await;
-    let source_args = env.source_args(source);
-    let mut args: Vec<&str> = source_args.iter().map(String::as_str).collect();
-    args.extend(["--batch-size", "100", "--transactions", "atomic"]);
+    let Some((env, args)) = atomic_env(source, &["--batch-size", "100"]).await else {
+        return;
+    };
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let sizes = [1_i64, 10, 500];
     let rounds = 12;
     let total: usize = (0..rounds * sizes.len())
@@ -319,11 +352,9 @@ async fn atomic_mode_needs_a_stream_that_takes_atomic_batches() {
 /// the events one by one as duplicates: stored once, marked, the relay not stuck.
 #[tokio::test]
 async fn a_transaction_already_in_the_stream_is_not_stored_twice() {
-    let env = Env::new().await;
-    if !atomic_server() {
-        return refused_by_an_old_server(&env, Source::Notify).await;
-    }
-    allow_atomic(&env).await;
+    let Some((env, _)) = atomic_env(Source::Notify, &[]).await else {
+        return;
+    };
     let mut client = env.client().await;
     write_transaction(&mut client, 1, 4).await;
     let args = ["--transactions", "atomic"];
@@ -356,11 +387,9 @@ async fn a_transaction_already_in_the_stream_is_not_stored_twice() {
 /// transaction, and nothing of it reaches the stream; other transactions go on.
 #[tokio::test]
 async fn a_poison_event_holds_its_transaction() {
-    let env = Env::new().await;
-    if !atomic_server() {
-        return refused_by_an_old_server(&env, Source::Notify).await;
-    }
-    allow_atomic(&env).await;
+    let Some((env, _)) = atomic_env(Source::Notify, &[]).await else {
+        return;
+    };
     let mut client = env.client().await;
     let tx = client.transaction().await.expect("begin");
     tx.batch_execute(
@@ -440,11 +469,9 @@ async fn a_poison_event_holds_its_transaction() {
 /// in write order: never stuck.
 #[tokio::test]
 async fn a_transaction_over_the_atomic_limit_goes_in_parts() {
-    let env = Env::new().await;
-    if !atomic_server() {
-        return refused_by_an_old_server(&env, Source::Notify).await;
-    }
-    allow_atomic(&env).await;
+    let Some((env, _)) = atomic_env(Source::Notify, &[]).await else {
+        return;
+    };
     let mut client = env.client().await;
     write_transaction(&mut client, 1, 1500).await;
     let relay = CliRelay::run(&env, &["--transactions", "atomic", "--batch-size", "1000"]);
@@ -480,22 +507,15 @@ for_each_source!(the_broker_killed_mid_batch_leaves_no_transaction_in_part);
 /// atomic batches: batches in flight are lost or refused, never stored in part; every event ends
 /// up in the stream once, every transaction whole and in one block, no event dead-lettered.
 async fn the_broker_killed_mid_batch_leaves_no_transaction_in_part(source: Source) {
-    let mut env = Env::new().await;
-    env.source_config(source).await;
-    if !atomic_server() {
-        return refused_by_an_old_server(&env, source).await;
-    }
-    allow_atomic(&env).await;
-    let source_args = env.source_args(source);
-    let mut args: Vec<&str> = source_args.iter().map(String::as_str).collect();
-    args.extend([
-        "--transactions",
-        "atomic",
-        "--fallback-interval",
-        "1s",
-        "--max-attempts",
-        "3",
-    ]);
+    let Some((mut env, args)) = atomic_env(
+        source,
+        &["--fallback-interval", "1s", "--max-attempts", "3"],
+    )
+    .await
+    else {
+        return;
+    };
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let relay = CliRelay::run_logged(&env, &args);
     let (transactions, size) = (60_i64, 50_i64);
     let writer = {
@@ -535,18 +555,10 @@ async fn the_broker_killed_mid_batch_leaves_no_transaction_in_part(source: Sourc
     assert_eq!(stored.len(), total, "no event stored twice");
     assert_aggregate_order(&stored);
     // Each transaction: one batch, one block of the stream, whole.
-    let mut blocks: HashMap<&String, Vec<u64>> = HashMap::new();
-    for m in &stored {
-        blocks.entry(&m.headers[TX_ID]).or_default().push(m.seq);
-    }
+    let blocks = transactions_in_blocks(&stored);
     assert_eq!(blocks.len(), transactions as usize);
     for (tx, seqs) in &blocks {
         assert_eq!(seqs.len(), size as usize, "transaction {tx} whole");
-        assert_eq!(
-            seqs[seqs.len() - 1] - seqs[0] + 1,
-            size as u64,
-            "transaction {tx} in one block"
-        );
     }
 }
 
@@ -555,11 +567,9 @@ async fn the_broker_killed_mid_batch_leaves_no_transaction_in_part(source: Sourc
 /// lock is gone the transaction goes out whole.
 #[tokio::test]
 async fn a_transaction_with_a_row_locked_elsewhere_waits_whole() {
-    let env = Env::new().await;
-    if !atomic_server() {
-        return refused_by_an_old_server(&env, Source::Notify).await;
-    }
-    allow_atomic(&env).await;
+    let Some((env, _)) = atomic_env(Source::Notify, &[]).await else {
+        return;
+    };
     let client = env.client().await;
     let insert = |aggregates: &'static [&'static str]| {
         let values: Vec<String> = aggregates
@@ -666,15 +676,10 @@ for_each_source!(a_large_transaction_committed_before_an_older_writer_of_its_agg
 /// while an older transaction that wrote one of its aggregates first is still open, then that one
 /// commits: both go out, each whole, nothing stuck, with either source.
 async fn a_large_transaction_committed_before_an_older_writer_of_its_aggregate(source: Source) {
-    let env = Env::new().await;
-    env.source_config(source).await;
-    if !atomic_server() {
-        return refused_by_an_old_server(&env, source).await;
-    }
-    allow_atomic(&env).await;
-    let source_args = env.source_args(source);
-    let mut args: Vec<&str> = source_args.iter().map(String::as_str).collect();
-    args.extend(["--transactions", "atomic", "--batch-size", "5"]);
+    let Some((env, args)) = atomic_env(source, &["--batch-size", "5"]).await else {
+        return;
+    };
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let relay = CliRelay::run_logged(&env, &args);
     let mut older = env.client().await;
     let older_tx = older.transaction().await.expect("begin");
@@ -697,17 +702,7 @@ async fn a_large_transaction_committed_before_an_older_writer_of_its_aggregate(s
     assert_eq!(code, Ok(Some(0)), "{log}");
     let stored = env.stored().await;
     assert_eq!(stored.len(), 13, "each event once");
-    let mut blocks: HashMap<&String, Vec<u64>> = HashMap::new();
-    for m in &stored {
-        blocks.entry(&m.headers[TX_ID]).or_default().push(m.seq);
-    }
-    for (tx, seqs) in &blocks {
-        assert_eq!(
-            seqs[seqs.len() - 1] - seqs[0] + 1,
-            seqs.len() as u64,
-            "transaction {tx} in one block"
-        );
-    }
+    transactions_in_blocks(&stored);
 }
 
 /// Past the stream's duplicate window, a transaction sent again (its rows unmarked by a crash
