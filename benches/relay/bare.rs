@@ -28,6 +28,26 @@ pub(crate) fn payload(g: u64, aggregates: u64) -> String {
     )
 }
 
+/// The subject of every message of the backlog (one event type).
+pub(crate) const SUBJECT: &str = "outbox.order.updated";
+
+/// Event `g` of `aggregates` aggregates as the relay would publish it: its headers (a new id
+/// each) and payload.
+pub(crate) fn message(g: u64, aggregates: u64) -> (HeaderMap, String) {
+    let id = uuid::Uuid::new_v4().to_string();
+    let mut headers = HeaderMap::new();
+    headers.insert("Nats-Msg-Id", id.as_str());
+    headers.insert("Outbox-Event-Id", id.as_str());
+    headers.insert("Outbox-Aggregate-Type", "order");
+    headers.insert(
+        "Outbox-Aggregate-Id",
+        format!("order-{}", g % aggregates).as_str(),
+    );
+    headers.insert("Outbox-Event-Type", "order.updated");
+    headers.insert("Outbox-Created-At", "2026-12-05T11:44:54.123456Z");
+    (headers, payload(g, aggregates))
+}
+
 pub(crate) async fn bare_publisher(
     ctx: Arc<Ctx>,
     scenario: &'static str,
@@ -42,26 +62,11 @@ pub(crate) async fn bare_publisher(
     let cpu_before = Cpu::read(&ctx, &[]);
     let own_before = proc_cpu(std::process::id(), false);
     let started = Instant::now();
-    let created_at = "2026-12-05T11:44:54.123456Z";
     let mut in_flight = VecDeque::with_capacity(WINDOW);
     for g in 0..events {
-        let id = uuid::Uuid::new_v4().to_string();
-        let mut headers = HeaderMap::new();
-        headers.insert("Nats-Msg-Id", id.as_str());
-        headers.insert("Outbox-Event-Id", id.as_str());
-        headers.insert("Outbox-Aggregate-Type", "order");
-        headers.insert(
-            "Outbox-Aggregate-Id",
-            format!("order-{}", g % aggregates).as_str(),
-        );
-        headers.insert("Outbox-Event-Type", "order.updated");
-        headers.insert("Outbox-Created-At", created_at);
+        let (headers, payload) = message(g, aggregates);
         let ack = js
-            .publish_with_headers(
-                "outbox.order.updated",
-                headers,
-                payload(g, aggregates).into(),
-            )
+            .publish_with_headers(SUBJECT, headers, payload.into())
             .await
             .ctx("publish")?;
         in_flight.push_back(ack);

@@ -7,10 +7,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_nats::HeaderMap;
 use futures::StreamExt;
 
-use crate::bare::payload;
+use crate::bare;
 use crate::drain::{drain_variant, Drainer};
 use crate::env::*;
 use crate::report::*;
@@ -40,23 +39,12 @@ pub(crate) async fn bare_fast_ingest(
     let cpu_before = Cpu::read(&ctx, &[]);
     let own_before = proc_cpu(std::process::id(), false);
     let started = Instant::now();
-    let created_at = "2026-12-05T11:44:54.123456Z";
     let message = |g: u64| {
-        let id = uuid::Uuid::new_v4().to_string();
-        let mut headers = HeaderMap::new();
-        headers.insert("Nats-Msg-Id", id.as_str());
-        headers.insert("Outbox-Event-Id", id.as_str());
-        headers.insert("Outbox-Aggregate-Type", "order");
-        headers.insert(
-            "Outbox-Aggregate-Id",
-            format!("order-{}", g % aggregates).as_str(),
-        );
-        headers.insert("Outbox-Event-Type", "order.updated");
-        headers.insert("Outbox-Created-At", created_at);
+        let (headers, payload) = bare::message(g, aggregates);
         fast::Message {
-            subject: "outbox.order.updated".into(),
+            subject: bare::SUBJECT.into(),
             headers,
-            payload: payload(g, aggregates).into(),
+            payload: payload.into(),
         }
     };
     let flow = fast::Flow {
