@@ -39,6 +39,8 @@ pub(crate) struct Publisher {
     clock: Arc<DbClock>,
     /// `--transactions atomic`: each transaction as one atomic batch.
     atomic: bool,
+    /// `--max-batch-bytes`: what the rest of a transaction a claim takes must fit in.
+    batch_bytes: usize,
     /// Atomic batches open at once (JetStream takes 50 per stream).
     batches: Arc<tokio::sync::Semaphore>,
     /// `--publish-batches fast-ingest`: a batch's events as fast-ingest batches.
@@ -189,6 +191,7 @@ impl Publisher {
             timeout: publish.timeout,
             clock,
             atomic: publish.transactions == crate::config::TransactionMode::Atomic,
+            batch_bytes: batch.max_bytes,
             batches: Arc::new(tokio::sync::Semaphore::new(ATOMIC_BATCHES_AT_ONCE)),
             fast: publish.batches == crate::config::PublishBatches::FastIngest,
             stream_subjects: Arc::default(),
@@ -377,6 +380,11 @@ impl Publisher {
     /// Whether each transaction goes out as one atomic batch (`--transactions atomic`).
     pub fn atomic(&self) -> bool {
         self.atomic
+    }
+
+    /// A batch's byte budget (`--max-batch-bytes`).
+    pub fn batch_bytes(&self) -> usize {
+        self.batch_bytes
     }
 
     /// `--transactions atomic`: publishes `plan`'s units, its chains side by side, each chain's

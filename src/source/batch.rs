@@ -301,7 +301,7 @@ pub(crate) async fn publish_claim(
     let completion = match publisher.atomic() {
         true => Some(
             claim
-                .complete_transactions(ATOMIC_BATCH_MAX, claim.ordered)
+                .complete_transactions(ATOMIC_BATCH_MAX, publisher.batch_bytes(), claim.ordered)
                 .await?,
         ),
         false => None,
@@ -428,7 +428,7 @@ fn note_plan(metrics: &Metrics, groups: &[Vec<OutboxEvent>], plan: &atomic::Plan
             transaction_id = txid,
             events,
             max = ATOMIC_BATCH_MAX,
-            "transaction larger than one atomic batch: published in parts, each atomic"
+            "transaction larger than one atomic batch may be (1,000 events, or the batch's byte budget): published in parts, each atomic"
         );
     }
 }

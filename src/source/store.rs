@@ -154,6 +154,8 @@ const COMPLETE_TRANSACTIONS_TYPES: &[Type] = &[
     Type::UUID_ARRAY,
     Type::INT8,
     Type::BOOL,
+    Type::INT8_ARRAY,
+    Type::INT8,
 ];
 const RECORD_FAILURES_TYPES: &[Type] = &[
     Type::UUID_ARRAY,
@@ -1183,17 +1185,25 @@ impl Claim<'_> {
     pub async fn complete_transactions(
         &mut self,
         limit: usize,
+        max_bytes: usize,
         ordered: bool,
     ) -> Result<Completion> {
         let mut completion = Completion::default();
         let Some(statement) = &self.statements.complete_transactions else {
             return Ok(completion);
         };
-        let mut here: BTreeMap<u64, i64> = BTreeMap::new();
+        // Per transaction: events and bytes the claim holds (bytes as the payload and headers
+        // the relay read, near enough to `outbox_row_size()`).
+        let mut here: BTreeMap<u64, (i64, i64)> = BTreeMap::new();
         let mut ids: Vec<Uuid> = Vec::new();
         for e in self.groups.iter().flatten() {
             if let Some(t) = e.transaction.filter(|t| t.events != Some(1)) {
-                *here.entry(t.id).or_default() += 1;
+                let entry = here.entry(t.id).or_default();
+                let headers: usize = e.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+                entry.0 += 1;
+                entry.1 = entry
+                    .1
+                    .saturating_add(i64::try_from(e.payload.len() + headers).unwrap_or(i64::MAX));
                 ids.push(e.id);
             }
         }
@@ -1201,10 +1211,14 @@ impl Claim<'_> {
             return Ok(completion);
         }
         let txids: Vec<String> = here.keys().map(u64::to_string).collect();
-        let counts: Vec<i64> = here.into_values().collect();
+        let (counts, bytes): (Vec<i64>, Vec<i64>) = here.into_values().unzip();
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let max_bytes = i64::try_from(max_bytes).unwrap_or(i64::MAX);
         let stream = statement
-            .query_raw(self.client, &[&txids, &counts, &ids, &limit, &ordered])
+            .query_raw(
+                self.client,
+                &[&txids, &counts, &ids, &limit, &ordered, &bytes, &max_bytes],
+            )
             .await?;
         futures::pin_mut!(stream);
         let mut taken: Vec<(ClaimedRow, bool)> = Vec::new();

@@ -753,3 +753,46 @@ async fn past_the_duplicate_window_a_transaction_sent_again_is_stored_again_whol
         .collect();
     assert_eq!(second.len(), 1, "stored again as one batch");
 }
+
+/// A transaction whose payloads outgrow the batch's byte budget (`--max-batch-bytes`) is not
+/// gathered whole into one claim (memory stays within the budget whatever the payloads): it goes
+/// in parts, each atomic, in write order, with a warning.
+#[tokio::test]
+async fn a_transaction_over_the_byte_budget_goes_in_parts() {
+    let Some((env, _)) = atomic_env(Source::Notify, &[]).await else {
+        return;
+    };
+    let client = env.client().await;
+    client
+        .batch_execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+             SELECT 'order', 'big', 'order.created',
+                    jsonb_build_object('i', g, 'pad',
+                        (SELECT string_agg(md5(random()::text || g || k), '')
+                         FROM generate_series(1, 2500) k))
+             FROM generate_series(1, 5) g",
+        )
+        .await
+        .expect("a transaction of 400 KB");
+    let relay = CliRelay::run_logged(
+        &env,
+        &["--transactions", "atomic", "--max-batch-bytes", "200000"],
+    );
+    env.wait_stream_len(5, Duration::from_secs(20)).await;
+    let (code, log) = relay.terminate_logged(Duration::from_secs(20));
+    assert_eq!(code, Ok(Some(0)), "{log}");
+    assert!(log.contains("published in parts"), "{log}");
+    let stored = env.stored_headers().await;
+    assert_eq!(stored.len(), 5);
+    assert_aggregate_order(&stored);
+    // About 80 KB an event: two fit in the budget, so the parts are two atomic batches of two
+    // and a lone event.
+    let batches: HashSet<Option<&String>> = stored
+        .iter()
+        .map(|m| m.headers.get("Nats-Batch-Id"))
+        .collect();
+    assert!(
+        batches.iter().flatten().count() >= 2,
+        "in parts, atomic where more than one: {batches:?}"
+    );
+}
