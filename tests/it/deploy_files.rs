@@ -13,6 +13,8 @@ const METRICS: &[(&str, &str)] = &[
     ("outbox_events_published", "counter"),
     ("outbox_events_failed", "counter"),
     ("outbox_events_dead_lettered", "counter"),
+    ("outbox_transactions_split", "counter"),
+    ("outbox_transactions_held", "counter"),
     ("outbox_events_pending", "gauge"),
     ("outbox_oldest_pending_age_seconds", "gauge"),
     ("outbox_dead_letters", "gauge"),
