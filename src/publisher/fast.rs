@@ -425,6 +425,18 @@ mod tests {
     #[allow(unused_imports)]
     use super::*;
 
+    /// A batch's state before any answer (asked for an ack every 100 messages).
+    #[allow(dead_code)]
+    fn fresh() -> State {
+        State {
+            acked: 0,
+            every: 100,
+            started: false,
+            finished: None,
+            stop: None,
+        }
+    }
+
     #[test]
     fn the_reply_subject_names_the_batch_sequence() {
         assert_eq!(reply_seq("_INBOX.abc.100.fail.42.1.$FI"), Some(42));
@@ -485,13 +497,7 @@ mod tests {
             description: None,
             length: 0,
         };
-        let mut state = State {
-            acked: 0,
-            every: 100,
-            started: false,
-            finished: None,
-            stop: None,
-        };
+        let mut state = fresh();
         state.take(msg(
             "_INBOX.a.100.fail.1.0.$FI",
             r#"{"type":"ack","seq":0,"msgs":50}"#,
@@ -508,13 +514,7 @@ mod tests {
             r#"{"stream":"S","seq":10,"batch":"a","count":2}"#,
         ));
         assert_eq!(state.finished, Some(2));
-        let mut state = State {
-            acked: 0,
-            every: 100,
-            started: false,
-            finished: None,
-            stop: None,
-        };
+        let mut state = fresh();
         state.take(msg(
             "_INBOX.a.100.fail.1.0.$FI",
             r#"{"error":{"code":400,"err_code":10205,"description":"batch publish not enabled"}}"#,

@@ -81,6 +81,28 @@ async fn atomic_env(source: Source, extra: &[&str]) -> Option<(Env, Vec<String>)
     Some((env, args))
 }
 
+/// Runs a relay with `args` until the `events` written are in the stream and marked, stops it,
+/// then unmarks every row: what a kill between a batch's commit and the marking leaves (the rows
+/// pending, the batch stored).
+async fn published_then_unmarked(
+    env: &Env,
+    client: &tokio_postgres::Client,
+    args: &[&str],
+    events: u64,
+) {
+    let relay = CliRelay::run(env, args);
+    env.wait_stream_len(events, Duration::from_secs(20)).await;
+    wait_until("published and marked", Duration::from_secs(20), || async {
+        env.count("processed_at IS NULL").await == 0
+    })
+    .await;
+    assert_eq!(relay.terminate(), Some(0));
+    client
+        .batch_execute("UPDATE outbox_events SET processed_at = NULL")
+        .await
+        .expect("unmark");
+}
+
 /// Switches `allow_atomic` on for the test stream (a stream update).
 async fn allow_atomic(env: &Env) {
     let js = env.js().await;
@@ -358,17 +380,7 @@ async fn a_transaction_already_in_the_stream_is_not_stored_twice() {
     let mut client = env.client().await;
     write_transaction(&mut client, 1, 4).await;
     let args = ["--transactions", "atomic"];
-    let relay = CliRelay::run(&env, &args);
-    wait_until("published and marked", Duration::from_secs(20), || async {
-        env.count("processed_at IS NULL").await == 0
-    })
-    .await;
-    assert_eq!(relay.terminate(), Some(0));
-    // What a kill after the commit leaves: the rows pending, the batch stored.
-    client
-        .batch_execute("UPDATE outbox_events SET processed_at = NULL")
-        .await
-        .expect("unmark");
+    published_then_unmarked(&env, &client, &args, 4).await;
     write_transaction(&mut client, 2, 3).await;
     let relay = CliRelay::run(&env, &args);
     wait_until("both marked", Duration::from_secs(20), || async {
@@ -725,17 +737,7 @@ async fn past_the_duplicate_window_a_transaction_sent_again_is_stored_again_whol
     let mut client = env.client().await;
     write_transaction(&mut client, 1, 3).await;
     let args = ["--transactions", "atomic"];
-    let relay = CliRelay::run(&env, &args);
-    env.wait_stream_len(3, Duration::from_secs(20)).await;
-    wait_until("marked", Duration::from_secs(20), || async {
-        env.count("processed_at IS NULL").await == 0
-    })
-    .await;
-    assert_eq!(relay.terminate(), Some(0));
-    client
-        .batch_execute("UPDATE outbox_events SET processed_at = NULL")
-        .await
-        .expect("unmark");
+    published_then_unmarked(&env, &client, &args, 3).await;
     // Past the window (JetStream drops the ids it remembers after it).
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let relay = CliRelay::run(&env, &args);

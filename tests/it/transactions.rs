@@ -248,6 +248,40 @@ async fn a_row_without_a_transaction_goes_without_the_headers() {
         .all(|m| !m.headers.keys().any(|k| k.starts_with("Outbox-"))));
 }
 
+/// Two transactions, `a` and `b`, write 30 events each alternately (their seqs interleave; `a`
+/// takes the lower one of each pair), over three aggregates each, or the same three for both
+/// (`shared`), then commit: `a` first, or `b` first (`b_first`). Each payload names its
+/// transaction (`tx`) and its place in it (`i`).
+async fn write_side_by_side(env: &Env, shared: bool, b_first: bool) {
+    let mut a = testkit::pg_client(&env.db).await;
+    let mut b = testkit::pg_client(&env.db).await;
+    let (ta, tb) = (
+        a.transaction().await.expect("begin a"),
+        b.transaction().await.expect("begin b"),
+    );
+    let insert = "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+                  VALUES ('order', $1, 'order.created', jsonb_build_object('tx', $2::text, 'i', $3::int8))";
+    let aggregate = |tx: &str, i: i64| match shared {
+        true => format!("x{}", i % 3),
+        false => format!("{tx}{}", i % 3),
+    };
+    for i in 1..=30_i64 {
+        ta.execute(insert, &[&aggregate("a", i), &"a", &i])
+            .await
+            .expect("a");
+        tb.execute(insert, &[&aggregate("b", i), &"b", &i])
+            .await
+            .expect("b");
+    }
+    if b_first {
+        tb.commit().await.expect("commit b");
+        ta.commit().await.expect("commit a");
+    } else {
+        ta.commit().await.expect("commit a");
+        tb.commit().await.expect("commit b");
+    }
+}
+
 for_each_source!(transactions_written_side_by_side_are_numbered_in_the_order_written);
 
 /// Two transactions write 30 events each, alternately (their seqs interleave), then commit; a
@@ -259,27 +293,9 @@ async fn transactions_written_side_by_side_are_numbered_in_the_order_written(sou
     let source_args = env.source_args(source);
     let mut args: Vec<&str> = source_args.iter().map(String::as_str).collect();
     args.extend(["--batch-size", "5"]);
-    let mut a = testkit::pg_client(&env.db).await;
-    let mut b = testkit::pg_client(&env.db).await;
-    let (ta, tb) = (
-        a.transaction().await.expect("begin a"),
-        b.transaction().await.expect("begin b"),
-    );
-    let insert = "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
-                  VALUES ('order', $1, 'order.created', jsonb_build_object('tx', $2::text, 'i', $3::int8))";
-    // Each transaction's own aggregates: the wal source would otherwise wait for the second
-    // transaction's older rows of an aggregate before the first's (commit order against seq
-    // order), which this test is not about.
-    for i in 1..=30_i64 {
-        ta.execute(insert, &[&format!("a{}", i % 3), &"a", &i])
-            .await
-            .expect("a");
-        tb.execute(insert, &[&format!("b{}", i % 3), &"b", &i])
-            .await
-            .expect("b");
-    }
-    ta.commit().await.expect("commit a");
-    tb.commit().await.expect("commit b");
+    // Each transaction its own aggregates (one aggregate written by both, the later committing
+    // first, is the next test's).
+    write_side_by_side(&env, false, false).await;
     let relay = CliRelay::run(&env, &args);
     env.wait_stream_len(60, Duration::from_secs(30)).await;
     assert_eq!(relay.terminate(), Some(0));
@@ -399,24 +415,7 @@ async fn transactions_side_by_side_on_the_same_aggregates_the_later_committing_f
     let mut args: Vec<&str> = source_args.iter().map(String::as_str).collect();
     args.extend(["--batch-size", "5"]);
     let relay = CliRelay::run(&env, &args);
-    let mut a = testkit::pg_client(&env.db).await;
-    let mut b = testkit::pg_client(&env.db).await;
-    let (ta, tb) = (
-        a.transaction().await.expect("begin a"),
-        b.transaction().await.expect("begin b"),
-    );
-    let insert = "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
-                  VALUES ('order', $1, 'order.created', jsonb_build_object('tx', $2::text, 'i', $3::int8))";
-    for i in 1..=30_i64 {
-        ta.execute(insert, &[&format!("x{}", i % 3), &"a", &i])
-            .await
-            .expect("a");
-        tb.execute(insert, &[&format!("x{}", i % 3), &"b", &i])
-            .await
-            .expect("b");
-    }
-    tb.commit().await.expect("commit b");
-    ta.commit().await.expect("commit a");
+    write_side_by_side(&env, true, true).await;
     env.wait_stream_len(60, Duration::from_secs(30)).await;
     assert_eq!(relay.terminate(), Some(0));
     let stored = env.stored().await;
