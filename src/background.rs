@@ -12,6 +12,7 @@ use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::ops::{self, Outbox, Progress, Retained};
 use crate::schema::Schema;
+use crate::stop::or_stop;
 
 /// Where the side tasks find the outbox: the worker connections' URL and the validated schema.
 #[derive(Clone)]
@@ -39,58 +40,77 @@ pub(crate) async fn stats(
     let mut tick = tokio::time::interval(metrics_config.stats_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => {
-                if let Some(c) = client.as_mut() {
-                    let mut outbox = Outbox::new(c, database.schema.clone());
-                    reporter.leave(&mut outbox).await;
-                }
-                return;
-            }
-            _ = tick.tick() => {}
-        }
-        if client
-            .as_ref()
-            .is_none_or(|c: &tokio_postgres::Client| c.is_closed())
-        {
-            client = crate::db::connect(database.url.expose(), "outbox-relay-stats")
-                .await
-                .ok();
-        }
-        let Some(c) = client.as_mut() else {
-            health.set_database(false);
-            continue;
-        };
-        let mut outbox = Outbox::new(c, database.schema.clone());
-        match tokio::time::timeout(Duration::from_secs(5), outbox.status()).await {
-            Ok(Ok(s)) => {
-                health.set_database(true);
-                metrics.pending.set(s.pending);
-                metrics
-                    .oldest_pending_age_seconds
-                    .set(future_dated.oldest_age(&s, Instant::now()));
-                metrics.dead_letters.set(s.dead_letters);
-                if let Err(e) = clock.measure(&*c).await {
-                    tracing::debug!(error = %e, "reading the database's clock failed");
-                }
-                if let Some(slot) = &slot {
-                    replication_lag(c, slot, &metrics).await;
-                }
+        if or_stop(&shutdown, tick.tick()).await.is_none() {
+            if let Some(c) = client.as_mut() {
                 let mut outbox = Outbox::new(c, database.schema.clone());
-                reporter.report(&mut outbox, &metrics).await;
+                reporter.leave(&mut outbox).await;
             }
-            Ok(Err(e)) => {
-                health.set_database(false);
-                tracing::warn!(error = %e, "status query failed");
-                client = None;
-                reporter.present = None;
-            }
-            Err(_) => {
-                health.set_database(false);
-                client = None;
-                reporter.present = None;
-            }
+            return;
         }
+        let round = async {
+            if client
+                .as_ref()
+                .is_none_or(|c: &tokio_postgres::Client| c.is_closed())
+            {
+                client = crate::db::connect(database.url.expose(), "outbox-relay-stats")
+                    .await
+                    .ok();
+            }
+            let Some(c) = client.as_mut() else {
+                health.set_database(false);
+                return;
+            };
+            let mut outbox = Outbox::new(c, database.schema.clone());
+            match tokio::time::timeout(Duration::from_secs(5), outbox.status()).await {
+                Ok(Ok(s)) => {
+                    health.set_database(true);
+                    metrics.pending.set(s.pending);
+                    metrics
+                        .oldest_pending_age_seconds
+                        .set(future_dated.oldest_age(&s, Instant::now()));
+                    metrics.dead_letters.set(s.dead_letters);
+                    if let Err(e) = clock.measure(&*c).await {
+                        tracing::debug!(error = %e, "reading the database's clock failed");
+                    }
+                    if let Some(slot) = &slot {
+                        replication_lag(c, slot, &metrics).await;
+                    }
+                    let mut outbox = Outbox::new(c, database.schema.clone());
+                    reporter.report(&mut outbox, &metrics).await;
+                }
+                Ok(Err(e)) => {
+                    health.set_database(false);
+                    tracing::warn!(error = %e, "status query failed");
+                    client = None;
+                    reporter.present = None;
+                }
+                Err(_) => {
+                    health.set_database(false);
+                    client = None;
+                    reporter.present = None;
+                }
+            }
+        };
+        if or_stop(&shutdown, round).await.is_none() {
+            // Stopped mid-round (a lock on a table it reads or writes): what it waits in is
+            // cancelled and its connection goes; leaving `outbox_relays` waits for nothing more.
+            cancel(&database, client.as_ref()).await;
+            return;
+        }
+    }
+}
+
+/// After a round cut by the stop: asks the server to cancel what `client` runs, so that neither
+/// its statement nor its place in a lock's queue outlives the relay (best effort, bounded).
+async fn cancel(database: &Database, client: Option<&tokio_postgres::Client>) {
+    let Some(client) = client else {
+        return;
+    };
+    let token = client.cancel_token();
+    match crate::stop::last_words(crate::db::cancel(database.url.expose(), &token)).await {
+        Some(Ok(())) => {}
+        Some(Err(e)) => tracing::debug!(error = %e, "cancelling a side task's statement failed"),
+        None => tracing::debug!("cancelling a side task's statement timed out"),
     }
 }
 
@@ -219,10 +239,10 @@ impl Reporter {
             tx.commit().await?;
             Ok::<(), crate::error::Error>(())
         };
-        match tokio::time::timeout(Duration::from_secs(2), leave).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::debug!(error = %e, "leaving outbox_relays failed"),
-            Err(_) => tracing::debug!("leaving outbox_relays timed out"),
+        match crate::stop::last_words(leave).await {
+            Some(Ok(())) => {}
+            Some(Err(e)) => tracing::debug!(error = %e, "leaving outbox_relays failed"),
+            None => tracing::debug!("leaving outbox_relays timed out"),
         }
     }
 }
@@ -294,40 +314,48 @@ pub(crate) async fn retention(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut client: Option<tokio_postgres::Client> = None;
     loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
+        if or_stop(&shutdown, tick.tick()).await.is_none() {
+            return;
         }
-        // One connection kept between rounds (a new one when it broke).
-        if client
-            .as_ref()
-            .is_none_or(tokio_postgres::Client::is_closed)
-        {
-            client = match crate::db::connect(database.url.expose(), "outbox-relay-cleanup").await {
-                Ok(c) => Some(c),
-                Err(e) => {
-                    tracing::warn!(error = %e, "retention cleanup failed");
+        let round = async {
+            // One connection kept between rounds (a new one when it broke).
+            if client
+                .as_ref()
+                .is_none_or(tokio_postgres::Client::is_closed)
+            {
+                client =
+                    match crate::db::connect(database.url.expose(), "outbox-relay-cleanup").await {
+                        Ok(c) => Some(c),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "retention cleanup failed");
+                            return;
+                        }
+                    };
+            }
+            let Some(client) = client.as_mut() else {
+                return;
+            };
+            let mut outbox = Outbox::new(client, database.schema.clone());
+            let rounds = [
+                (Retained::OutboxEvents, retention.processed),
+                (Retained::ProcessedEvents, retention.processed_events),
+            ];
+            for (table, older_than) in rounds {
+                let Some(older_than) = older_than else {
                     continue;
-                }
-            };
-        }
-        let Some(client) = client.as_mut() else {
-            continue;
+                };
+                let mut count = counter(&metrics, table.table());
+                let deleted = outbox
+                    .cleanup_table(table, older_than, RETENTION_BATCH, &mut count)
+                    .await;
+                log(table.table(), deleted);
+            }
         };
-        let mut outbox = Outbox::new(client, database.schema.clone());
-        let rounds = [
-            (Retained::OutboxEvents, retention.processed),
-            (Retained::ProcessedEvents, retention.processed_events),
-        ];
-        for (table, older_than) in rounds {
-            let Some(older_than) = older_than else {
-                continue;
-            };
-            let mut count = counter(&metrics, table.table());
-            let deleted = outbox
-                .cleanup_table(table, older_than, RETENTION_BATCH, &mut count)
-                .await;
-            log(table.table(), deleted);
+        // Stopped mid-round (a lock on the table it deletes from): the batch in its transaction
+        // rolls back with the connection; what it would have deleted waits for the next round.
+        if or_stop(&shutdown, round).await.is_none() {
+            cancel(&database, client.as_ref()).await;
+            return;
         }
     }
 }

@@ -86,6 +86,7 @@ mod source;
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub mod sqlx;
+mod stop;
 mod subject;
 pub mod text;
 mod timestamp;

@@ -23,6 +23,7 @@ use crate::source::table::listener::Listener;
 use crate::source::table::signals::Signals;
 
 use crate::source::table::processor::Processor;
+use crate::stop::or_stop;
 
 /// A relay from the outbox table to JetStream. Build it with [`Relay::new`], then
 /// [`Relay::run`] it until its shutdown token is cancelled.
@@ -144,7 +145,10 @@ impl Relay {
         let mut nats: Option<async_nats::Client> = None;
         loop {
             if !database {
-                match self.check_database().await {
+                let Some(checked) = or_stop(shutdown, self.check_database()).await else {
+                    return Ok(None);
+                };
+                match checked {
                     Ok(()) => {
                         database = true;
                         self.health.set_database(true);
@@ -157,9 +161,12 @@ impl Relay {
             }
             if nats.is_none() {
                 let health = self.health.clone();
-                match crate::publisher::connect(&config.nats, move |up| health.set_broker_link(up))
-                    .await
-                {
+                let connect =
+                    crate::publisher::connect(&config.nats, move |up| health.set_broker_link(up));
+                let Some(connected) = or_stop(shutdown, connect).await else {
+                    return Ok(None);
+                };
+                match connected {
                     Ok(client) => nats = Some(client),
                     Err(e) if e.heals_by_waiting() => {
                         tracing::warn!(error = %e, "broker not ready; waiting")
@@ -176,7 +183,10 @@ impl Relay {
                     config.longest_redelivery_gap(),
                     self.clock.clone(),
                 )?;
-                match publisher.ensure_stream().await {
+                let Some(ensured) = or_stop(shutdown, publisher.ensure_stream()).await else {
+                    return Ok(None);
+                };
+                match ensured {
                     Ok(()) => {
                         self.health.broker_checked(publisher.is_connected());
                         return Ok(Some(publisher));
@@ -188,7 +198,7 @@ impl Relay {
                 }
             }
             let delay = backoff.next_backoff().unwrap_or(Duration::from_secs(5));
-            if !crate::source::recovery::pause(shutdown, delay).await {
+            if !crate::stop::pause(shutdown, delay).await {
                 return Ok(None);
             }
         }
@@ -286,9 +296,15 @@ impl Relay {
             processor.stores[0].wake_others().await;
             result
         };
+        // The side tasks end at once (each of their waits races `tasks`); a task that does not
+        // (a farewell statement) is given a moment, then aborted.
         tasks.cancel();
-        for h in handles {
-            let _ = h.await;
+        let aborted = crate::stop::join(handles).await;
+        if aborted > 0 {
+            tracing::warn!(
+                tasks = aborted,
+                "side tasks still busy at shutdown were stopped"
+            );
         }
         result
     }

@@ -1,11 +1,10 @@
 //! Recovery after a failed batch and the pauses of both sources, written once: which connections
-//! to drop, when to fall back to unnamed statements, how long to wait, and waiting that yields to
-//! shutdown.
+//! to drop, when to fall back to unnamed statements, how long to wait (the wait itself yields to
+//! shutdown: [`crate::stop::pause`]).
 
 use std::time::Duration;
 
 use backoff::backoff::Backoff;
-use tokio_util::sync::CancellationToken;
 
 use crate::source::store::Store;
 
@@ -33,12 +32,4 @@ pub(crate) fn next_delay(
     backoff: &mut backoff::exponential::ExponentialBackoff<backoff::SystemClock>,
 ) -> Duration {
     backoff.next_backoff().unwrap_or(Duration::from_secs(10))
-}
-
-/// Sleeps `delay` unless shutdown comes first (then false).
-pub(crate) async fn pause(shutdown: &CancellationToken, delay: Duration) -> bool {
-    tokio::select! {
-        _ = shutdown.cancelled() => false,
-        _ = tokio::time::sleep(delay) => true,
-    }
 }

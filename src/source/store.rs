@@ -336,14 +336,12 @@ impl Store {
     pub async fn cancel_and_reset(&mut self) {
         if let Some((client, _)) = &self.conn {
             let token = client.cancel_token();
-            match tokio::time::timeout(Duration::from_secs(2), crate::db::cancel(&self.url, &token))
-                .await
-            {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
+            match crate::stop::last_words(crate::db::cancel(&self.url, &token)).await {
+                Some(Ok(())) => {}
+                Some(Err(e)) => {
                     tracing::debug!(error = %e, "cancelling a worker connection's statement failed")
                 }
-                Err(_) => tracing::debug!("cancelling a worker connection's statement timed out"),
+                None => tracing::debug!("cancelling a worker connection's statement timed out"),
             }
         }
         self.reset();
@@ -562,10 +560,10 @@ impl Store {
             client.batch_execute(&self.session.batch(WAKE)).await?;
             Ok::<_, crate::error::Error>(())
         };
-        match tokio::time::timeout(Duration::from_secs(2), wake).await {
-            Ok(Ok(())) => tracing::debug!("woke the other relays"),
-            Ok(Err(e)) => tracing::warn!(error = %e, "could not wake the other relays"),
-            Err(_) => tracing::warn!("waking the other relays timed out"),
+        match crate::stop::last_words(wake).await {
+            Some(Ok(())) => tracing::debug!("woke the other relays"),
+            Some(Err(e)) => tracing::warn!(error = %e, "could not wake the other relays"),
+            None => tracing::warn!("waking the other relays timed out"),
         }
     }
 }

@@ -67,6 +67,7 @@ mod relay;
 mod retention;
 mod routing;
 mod security;
+mod shutdown;
 #[cfg(feature = "sqlx")]
 mod sqlx_writer;
 mod tls;

@@ -63,14 +63,31 @@ pub async fn serve(
         );
     }
     tracing::info!(listen = %addr, read_only = args.read_only, "console listening");
-    axum::serve(
+    let stop = tokio_util::sync::CancellationToken::new();
+    let on_signal = stop.clone();
+    tokio::spawn(async move {
+        crate::wait_for_signal().await;
+        tracing::info!("shutdown requested");
+        on_signal.cancel();
+    });
+    let requests_done = stop.clone();
+    let serve = axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
     )
-    .with_graceful_shutdown(async {
-        crate::wait_for_signal().await;
-        tracing::info!("shutdown requested");
-    })
-    .await?;
+    .with_graceful_shutdown(async move { requests_done.cancelled().await });
+    // Requests in flight are answered, but one waiting for the database (a lock held by another
+    // session) must not keep the console from stopping: its connection and transaction go.
+    let deadline = async {
+        stop.cancelled().await;
+        tokio::time::sleep(crate::EXIT_DEADLINE).await;
+    };
+    tokio::select! {
+        served = serve => served?,
+        _ = deadline => tracing::warn!(
+            deadline_ms = crate::EXIT_DEADLINE.as_millis() as u64,
+            "requests still in flight at shutdown were dropped"
+        ),
+    }
     Ok(())
 }

@@ -7,6 +7,7 @@ mod progress;
 mod telemetry;
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use outbox_relay::migrate::{self, Grantee};
 use outbox_relay::ops::{self, Outbox};
@@ -57,7 +58,10 @@ fn run_cli(cli: Cli) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(execute(cli)) {
+    let result = runtime.block_on(execute(cli));
+    // A blocking task still running (a DNS lookup that does not answer) must not hold the exit.
+    runtime.shutdown_timeout(Duration::from_millis(200));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is_usage() => {
             eprintln!("error: {}", usage_message(&e));
@@ -520,8 +524,28 @@ async fn run(database_url: String, schema: Option<String>, args: RunArgs) -> Res
         tracing::info!("shutdown requested");
         on_signal.cancel();
     });
-    relay.run(shutdown).await
+    // Every wait of the relay races the stop (the work in hand gets a grace of 3 s); should one
+    // not, the process still exits in time: dropping the relay drops its connections, whose
+    // transactions roll back, and what was published but not recorded goes out again (JetStream
+    // drops the duplicates).
+    let backstop = async {
+        shutdown.cancelled().await;
+        tokio::time::sleep(EXIT_DEADLINE).await;
+    };
+    tokio::select! {
+        result = relay.run(shutdown.clone()) => result,
+        _ = backstop => {
+            tracing::error!(
+                deadline_ms = EXIT_DEADLINE.as_millis() as u64,
+                "the relay had not stopped this long after the shutdown request; exiting without it"
+            );
+            Ok(())
+        }
+    }
 }
+
+/// How long after SIGTERM or SIGINT the process exits at the latest.
+const EXIT_DEADLINE: Duration = Duration::from_millis(4_500);
 
 async fn wait_for_signal() {
     use tokio::signal::unix::{signal, SignalKind};

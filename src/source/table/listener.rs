@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::source::table::signals::{ArmStep, Arming, Signals, Wake};
+use crate::stop::{or_stop, pause};
 
 const LISTEN: &str = include_str!("../../../sql/queries/table/listen.sql");
 const ARM: &str = include_str!("../../../sql/queries/table/arm.sql");
@@ -56,9 +57,8 @@ impl Listener {
         let mut backoff = crate::policy::reconnect_backoff();
         let mut first = true;
         loop {
-            let result = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                r = self.connect() => r,
+            let Some(result) = or_stop(&shutdown, self.connect()).await else {
+                return;
             };
             match result {
                 Ok((conn, closed)) => {
@@ -83,9 +83,8 @@ impl Listener {
                 Err(e) => tracing::warn!(error = %e, "listener cannot connect; retrying"),
             }
             let delay = backoff.next_backoff().unwrap_or(Duration::from_secs(10));
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(delay) => {}
+            if !pause(&shutdown, delay).await {
+                return;
             }
         }
     }
@@ -167,23 +166,33 @@ impl Listener {
                 _ = self.signals.arming_changed() => {}
                 _ = retry => {}
                 _ = ping.tick() => {
-                    match tokio::time::timeout(PING_TIMEOUT, conn.client.simple_query(PING)).await {
-                        Ok(Ok(_)) => {}
-                        Ok(Err(e)) => return Err(e.into()),
-                        Err(_) => return Err(Error::timeout(PING_TIMEOUT, "listener ping")),
+                    let ping = tokio::time::timeout(PING_TIMEOUT, conn.client.simple_query(PING));
+                    match or_stop(shutdown, ping).await {
+                        None => return Ok(()),
+                        Some(Ok(Ok(_))) => {}
+                        Some(Ok(Err(e))) => return Err(e.into()),
+                        Some(Err(_)) => return Err(Error::timeout(PING_TIMEOUT, "listener ping")),
                     }
                     continue;
                 }
             }
-            recheck = match self.signals.arm_step() {
-                ArmStep::Arm => self.try_arm(conn).await?,
-                ArmStep::Disarm => {
-                    conn.client.query(&conn.disarm, &[&conn.key]).await?;
-                    self.signals.update_arming(Arming::disarmed);
-                    None
-                }
-                ArmStep::Nothing => None,
-            };
+            match or_stop(shutdown, self.arm_step(conn)).await {
+                Some(next) => recheck = next?,
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// Arms or disarms as the state machine says; `Some(delay)`: look again after `delay`.
+    async fn arm_step(&self, conn: &Connected) -> Result<Option<Duration>> {
+        match self.signals.arm_step() {
+            ArmStep::Arm => self.try_arm(conn).await,
+            ArmStep::Disarm => {
+                conn.client.query(&conn.disarm, &[&conn.key]).await?;
+                self.signals.update_arming(Arming::disarmed);
+                Ok(None)
+            }
+            ArmStep::Nothing => Ok(None),
         }
     }
 

@@ -14,9 +14,9 @@ use crate::metrics::Metrics;
 use crate::policy::{trouble_backoff, LINGER};
 use crate::publisher::Publisher;
 use crate::source::batch::{process_batch, BatchReport, Claiming};
-use crate::source::recovery::pause;
 use crate::source::store::Store;
 use crate::source::table::signals::{Arming, Signals, Wake};
+use crate::stop::{pause, within_grace};
 
 pub(crate) struct Processor<'a> {
     pub batch: &'a BatchConfig,
@@ -96,7 +96,14 @@ impl<'a> Processor<'a> {
             // A writer's notification at idle usually brings one event: heads only first. Not at
             // start or on the fallback ticker, where a backlog may wait (in few deep aggregates the
             // walk for heads would visit it twice).
-            let result = self.batch(backlog, wake == Wake::Notify).await;
+            // The batch in hand is finished after a stop, within the grace: a claim or a record
+            // waiting for a lock held by another session must not keep the relay from stopping.
+            let Some(result) =
+                within_grace(shutdown, self.batch(backlog, wake == Wake::Notify)).await
+            else {
+                self.abandon().await;
+                return false;
+            };
             backlog = matches!(result, Ok(r) if r.full);
             let delay = match self.next(result) {
                 Next::Idle => return true,
@@ -186,6 +193,17 @@ impl<'a> Processor<'a> {
 
     fn trouble_delay(&mut self) -> Duration {
         crate::source::recovery::next_delay(&mut self.trouble)
+    }
+
+    /// At shutdown, after a batch that did not finish within the grace: its statements are
+    /// cancelled and its connections dropped. Its transaction rolls back: the rows stay pending
+    /// for the other relays (what it published goes again, and JetStream drops the duplicates).
+    async fn abandon(&mut self) {
+        tracing::warn!(
+            grace_ms = crate::stop::GRACE.as_millis() as u64,
+            "stopping without the batch in hand: it was still waiting for the database or the broker after the shutdown's grace; its rows stay pending"
+        );
+        futures::future::join_all(self.stores.iter_mut().map(Store::cancel_and_reset)).await;
     }
 
     fn recover(&mut self, e: &Error) {

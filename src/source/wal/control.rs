@@ -249,29 +249,31 @@ impl Control {
     /// own handling of a lost connection. `caught_up`: the slot's catch-up mark as the leader
     /// knew it before the stream started (it found the mark set, or set it after catching up):
     /// a mark taken away since (`migrate --wal` repaired the publication while the stream
-    /// started) calls for a catch-up at the first check, as at any later one.
+    /// started) calls for a catch-up at the first check, as at any later one. A check that is
+    /// still waiting for the database when `stop` comes (a lock on `outbox_wal_slots`) is left
+    /// at once: then `true` besides, and the caller cancels the statement.
     pub async fn watch(
         &self,
         slot: &str,
         every: Duration,
         caught_up: bool,
         stop: &tokio_util::sync::CancellationToken,
-    ) -> Option<Recheck> {
+    ) -> (Option<Recheck>, bool) {
         let mut caught_up = caught_up;
         loop {
-            match self.state(slot).await {
-                Ok(state) => {
+            match crate::stop::or_stop(stop, self.state(slot)).await {
+                None => return (None, true),
+                Some(Ok(state)) => {
                     if let Some(verdict) = recheck(&state, caught_up) {
                         stop.cancel();
-                        return Some(verdict);
+                        return (Some(verdict), false);
                     }
                     caught_up = state.caught_up();
                 }
-                Err(e) => tracing::debug!(error = %e, "checking the publication failed"),
+                Some(Err(e)) => tracing::debug!(error = %e, "checking the publication failed"),
             }
-            tokio::select! {
-                _ = stop.cancelled() => return None,
-                _ = tokio::time::sleep(every) => {}
+            if !crate::stop::pause(stop, every).await {
+                return (None, false);
             }
         }
     }

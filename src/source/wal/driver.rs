@@ -17,11 +17,11 @@ use super::fallback::Fallback;
 use super::pipeline::{BatchId, Pipeline};
 use super::store::WalOpen;
 use super::stream::Stream;
-use super::{within_grace, Stop, WalSource};
+use super::{Stop, WalSource};
 use crate::error::{Error, Result};
 use crate::event::{AggregateKey, OutboxEvent};
 use crate::source::batch::{publish_claim, BatchReport, Published};
-use crate::source::recovery::pause;
+use crate::stop::{pause, Grace};
 
 /// A streamed row not visible yet is claimed again after this pause, doubling while it stays so
 /// (up to the cap). PostgreSQL writes a commit record (which the stream sends) a moment before the
@@ -112,6 +112,9 @@ impl WalSource<'_> {
         // The broker had trouble with part of the last batch published: record it, then pause.
         let mut hold = false;
         let mut carry_wait = VISIBILITY_RETRY;
+        // The work in hand after a stop (a step, then the record of what it published) shares
+        // one grace.
+        let grace = Grace::new(shutdown);
         loop {
             // Between steps too: a stream that never pauses must not keep the relay from stopping.
             if shutdown.is_cancelled() {
@@ -125,10 +128,12 @@ impl WalSource<'_> {
             }
             if fallback.due <= Instant::now() {
                 let look = self.look_for_stranded(control, &mut pipeline, &mut fallback);
-                match within_grace(shutdown, look).await {
+                match grace.within(look).await {
                     None => {
                         self.abandon("the database to look for rows no stream carried")
                             .await;
+                        // The look runs on the control connection.
+                        self.cancel_control(control).await;
                         stream.stop().await;
                         return Ok(());
                     }
@@ -144,7 +149,7 @@ impl WalSource<'_> {
             let sweep_due = sweep_at.is_some_and(|at| at <= Instant::now());
             if claimed.is_none() && finishing.is_none() {
                 if sweep_due && !pipeline.has_fresh() {
-                    let Some(next) = within_grace(shutdown, self.sweep(&mut pipeline)).await else {
+                    let Some(next) = grace.within(self.sweep(&mut pipeline)).await else {
                         self.abandon("the database to sweep the aggregates handed to the table")
                             .await;
                         stream.stop().await;
@@ -202,7 +207,7 @@ impl WalSource<'_> {
                 no_claim,
                 &progress,
             );
-            let Some(step) = within_grace(shutdown, step).await else {
+            let Some(step) = grace.within(step).await else {
                 self.abandon(&progress.waiting_for()).await;
                 stream.stop().await;
                 return Ok(());
@@ -275,13 +280,13 @@ impl WalSource<'_> {
                     Err(e) => Err(e),
                 }
             };
-            // Shutdown came already: the record has the grace alone.
-            match tokio::time::timeout(super::SHUTDOWN_GRACE, record).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
+            // Shutdown came already: the record has what is left of the grace.
+            match grace.within(record).await {
+                Some(Ok(())) => {}
+                Some(Err(e)) => {
                     tracing::warn!(error = %e, "recording the last batch failed; its events go out again")
                 }
-                Err(_) => {
+                None => {
                     self.abandon(&format!("the database to record batch {batch}"))
                         .await
                 }

@@ -11,7 +11,7 @@ use super::stream::Stream;
 use super::{Stop, WalSource};
 use crate::error::{Error, Result};
 use crate::source::batch::run_claim;
-use crate::source::recovery::pause;
+use crate::stop::{or_stop, pause, within_grace};
 
 /// How often a relay standing by asks for the leadership.
 const STANDBY_POLL: Duration = Duration::from_secs(1);
@@ -32,9 +32,8 @@ impl WalSource<'_> {
             if shutdown.is_cancelled() {
                 return Ok(());
             }
-            let connected = tokio::select! {
-                _ = shutdown.cancelled() => return Ok(()),
-                c = Control::connect(self.url) => c,
+            let Some(connected) = or_stop(shutdown, Control::connect(self.url)).await else {
+                return Ok(());
             };
             let stop = match connected {
                 Ok(control) => match self
@@ -67,7 +66,21 @@ impl WalSource<'_> {
         standing_by: &mut bool,
         shutdown: &CancellationToken,
     ) -> std::result::Result<(), Stop> {
-        while !control.try_lead(&self.slot).await? {
+        loop {
+            let Some(led) = self
+                .on_control(
+                    control,
+                    shutdown,
+                    "the leadership",
+                    control.try_lead(&self.slot),
+                )
+                .await
+            else {
+                return Ok(());
+            };
+            if led? {
+                break;
+            }
             if !*standing_by {
                 tracing::info!(slot = %self.slot, "another relay streams from the replication slot; standing by");
                 *standing_by = true;
@@ -132,7 +145,9 @@ impl WalSource<'_> {
         }
         if let Some(refusal) = state.published.refusal() {
             // What is written meanwhile is in no stream: the slot catches up once it is repaired.
-            control.catch_up_again(&self.slot).await;
+            let what = "marking the slot to catch up again";
+            self.on_control(control, shutdown, what, control.catch_up_again(&self.slot))
+                .await;
             return Err(Stop::Fatal(refusal));
         }
         let mut created = false;
@@ -169,7 +184,14 @@ impl WalSource<'_> {
                         slot = %self.slot,
                         "the replication slot was invalidated (it kept more WAL than max_slot_wal_keep_size allows); dropping it, creating it again and catching up from the table: no event is lost, those written meanwhile go out in seq order"
                     );
-                    control.drop_slot(&self.slot).await?;
+                    let what = "dropping the invalidated slot";
+                    let Some(dropped) = self
+                        .on_control(control, shutdown, what, control.drop_slot(&self.slot))
+                        .await
+                    else {
+                        return Ok(());
+                    };
+                    dropped?;
                     if !self.create_slot(control, shutdown).await? {
                         return Ok(());
                     }
@@ -186,7 +208,14 @@ impl WalSource<'_> {
             if !self.catch_up(control, shutdown).await? {
                 return Ok(());
             }
-            control.caught_up(&self.slot).await?;
+            let what = "recording the slot's catch-up";
+            let Some(marked) = self
+                .on_control(control, shutdown, what, control.caught_up(&self.slot))
+                .await
+            else {
+                return Ok(());
+            };
+            marked?;
         }
         let Some(held) = self
             .on_control(
@@ -211,16 +240,18 @@ impl WalSource<'_> {
             buffer,
             (self.batch.max_bytes, self.stores[0].publishes_streamed()),
         );
-        let Some(stream) = until_shutdown(shutdown, start).await else {
+        let Some(stream) = or_stop(shutdown, start).await else {
             tracing::info!(slot = %self.slot, "stopped while the replication stream was starting");
             return Ok(());
         };
         let stream = match stream {
             Ok(stream) => stream,
             Err(e) => {
-                control
-                    .drop_slot_predating(&self.slot, &state.publication, &e)
-                    .await?;
+                let what = "looking at the publication the stream did not find";
+                let predating = control.drop_slot_predating(&self.slot, &state.publication, &e);
+                if let Some(dropped) = self.on_control(control, shutdown, what, predating).await {
+                    dropped?;
+                }
                 return Err(Stop::from(e));
             }
         };
@@ -230,7 +261,7 @@ impl WalSource<'_> {
         // The stream stops (as at shutdown) when a check of the setup calls for it.
         let watched = shutdown.child_token();
         let slot = self.slot.clone();
-        let (result, recheck) = tokio::join!(
+        let (result, (recheck, interrupted)) = tokio::join!(
             async {
                 let result = self.stream(control, stream, held, &watched).await;
                 watched.cancel();
@@ -239,6 +270,15 @@ impl WalSource<'_> {
             // The slot was found caught up, or was caught up and marked so, above.
             control.watch(&slot, RECHECK, true, &watched),
         );
+        if interrupted {
+            // The check was waiting for the database (a lock on `outbox_wal_slots`): it is
+            // cancelled, so that neither the leadership nor the lock request outlives the stop.
+            tracing::warn!(
+                waiting_for = "checking the setup",
+                "stopped while the control connection was waiting for the database (checking the setup); cancelling it"
+            );
+            self.cancel_control(control).await;
+        }
         // A batch claimed but not published when the stream stopped (an error, a lost leadership)
         // must not keep its rows locked through the pause: its connection goes, the rows are
         // pending again for whoever streams next.
@@ -247,7 +287,9 @@ impl WalSource<'_> {
             .for_each(super::store::WalStore::reset);
         match recheck {
             Some(Recheck::Refuse(refusal)) => {
-                control.catch_up_again(&self.slot).await;
+                let what = "marking the slot to catch up again";
+                self.on_control(control, shutdown, what, control.catch_up_again(&self.slot))
+                    .await;
                 return Err(Stop::Fatal(refusal));
             }
             Some(Recheck::CatchUp) => {
@@ -259,9 +301,11 @@ impl WalSource<'_> {
             None => {}
         }
         if let Err(Stop::Retry(e)) = &result {
-            control
-                .drop_slot_predating(&self.slot, &state.publication, e)
-                .await?;
+            let what = "looking at the publication the stream did not find";
+            let predating = control.drop_slot_predating(&self.slot, &state.publication, e);
+            if let Some(dropped) = self.on_control(control, shutdown, what, predating).await {
+                dropped?;
+            }
         }
         result
     }
@@ -275,7 +319,7 @@ impl WalSource<'_> {
         what: &str,
         work: impl Future<Output = T>,
     ) -> Option<T> {
-        let out = until_shutdown(shutdown, work).await;
+        let out = or_stop(shutdown, work).await;
         if out.is_none() {
             tracing::warn!(waiting_for = what, "stopped while the control connection was waiting for the database ({what}); cancelling it");
             self.cancel_control(control).await;
@@ -284,14 +328,14 @@ impl WalSource<'_> {
     }
 
     /// Cancels what the control connection runs, from a short connection beside it (best effort).
-    async fn cancel_control(&self, control: &Control) {
+    pub(super) async fn cancel_control(&self, control: &Control) {
         let cancelled = async { Aside::connect(self.url).await?.cancel(control.pid()).await };
-        match tokio::time::timeout(Duration::from_secs(2), cancelled).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
+        match crate::stop::last_words(cancelled).await {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
                 tracing::warn!(error = %e, "cancelling the control connection's statement failed")
             }
-            Err(_) => tracing::warn!("cancelling the control connection's statement timed out"),
+            None => tracing::warn!("cancelling the control connection's statement timed out"),
         }
     }
 
@@ -373,7 +417,7 @@ impl WalSource<'_> {
                     Err(e) => Err(e),
                 }
             };
-            let Some(result) = super::within_grace(shutdown, work).await else {
+            let Some(result) = within_grace(shutdown, work).await else {
                 self.abandon("the database to catch up from the table")
                     .await;
                 return Ok(false);
@@ -404,16 +448,5 @@ impl WalSource<'_> {
                 }
             }
         }
-    }
-}
-
-/// `work`, unless shutdown comes first (`None`; the work is dropped).
-pub(super) async fn until_shutdown<T>(
-    shutdown: &CancellationToken,
-    work: impl Future<Output = T>,
-) -> Option<T> {
-    tokio::select! {
-        _ = shutdown.cancelled() => None,
-        out = work => Some(out),
     }
 }

@@ -86,27 +86,6 @@ pub(crate) struct WalSource<'a> {
     pub table: stream::OutboxTable,
 }
 
-/// After shutdown, how long the work in hand (a step of the batches, a sweep, a catch-up claim)
-/// may go on before it is abandoned: its batch published is then recorded, but a statement
-/// waiting for a lock or a server that does not answer must not keep the relay from stopping.
-/// What was abandoned goes again to the next leader (the slot was not confirmed past it), and
-/// JetStream drops what was delivered already (`Nats-Msg-Id`).
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
-
-/// `work`, raced with shutdown: after shutdown it has [`SHUTDOWN_GRACE`] to finish. `None`: it did
-/// not (it is dropped; see [`WalSource::abandon`]).
-async fn within_grace<T>(
-    shutdown: &tokio_util::sync::CancellationToken,
-    work: impl std::future::Future<Output = T>,
-) -> Option<T> {
-    tokio::pin!(work);
-    tokio::select! {
-        out = &mut work => return Some(out),
-        _ = shutdown.cancelled() => {}
-    }
-    tokio::time::timeout(SHUTDOWN_GRACE, work).await.ok()
-}
-
 impl WalSource<'_> {
     /// At shutdown, after work that did not finish within the grace: says what it waited for,
     /// and cancels and drops the worker connections (their transactions roll back; nothing
@@ -114,7 +93,7 @@ impl WalSource<'_> {
     async fn abandon(&mut self, waiting_for: &str) {
         tracing::warn!(
             waiting_for,
-            grace_ms = SHUTDOWN_GRACE.as_millis() as u64,
+            grace_ms = crate::stop::GRACE.as_millis() as u64,
             "stopping without the work in hand: it was still waiting for {waiting_for} after the shutdown's grace; it goes again to the next leader"
         );
         futures::future::join_all(self.stores.iter_mut().map(|s| s.table().cancel_and_reset()))
