@@ -78,6 +78,7 @@ mod wal_content;
 mod wal_memory;
 mod wal_publication;
 mod wal_questions;
+mod wal_sweep;
 mod wal_truth;
 mod wal_visibility;
 

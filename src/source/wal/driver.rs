@@ -105,7 +105,8 @@ impl WalSource<'_> {
         shutdown: &CancellationToken,
     ) -> std::result::Result<(), Stop> {
         let mut pipeline = Pipeline::new(held);
-        let mut sweep_at = (!pipeline.held().is_empty()).then(Instant::now);
+        // At once: serve what the durable record holds, whoever recorded it.
+        let mut sweep_at = Some(Instant::now());
         let mut fallback = Fallback::new(self.source.fallback_interval);
         let mut claimed: Option<Claimed> = None;
         let mut finishing: Option<Finishing> = None;
@@ -177,10 +178,9 @@ impl WalSource<'_> {
                             carry_wait = (carry_wait * 2).min(VISIBILITY_RETRY_MAX);
                         }
                         _ = control.woken() => {
-                            // Rows became publishable again (`dead-letters retry`).
-                            if !pipeline.held().is_empty() {
-                                sweep_at = Some(Instant::now());
-                            }
+                            // Rows became publishable again (`dead-letters retry` or discard):
+                            // the next round serves their aggregates, wherever they stand.
+                            sweep_at = Some(Instant::now());
                             continue;
                         }
                         change = stream.next() => match change? {

@@ -180,7 +180,7 @@ pub(crate) struct Pipeline {
     confirmed: u64,
     /// Aggregates the table holds (recorded in `outbox_wal_deferred`).
     held: BTreeSet<AggregateKey>,
-    /// Where the last sweep round stopped.
+    /// Where the last sweep round stopped (the last aggregate it served).
     cursor: Option<AggregateKey>,
     /// Batches in flight, oldest first.
     flights: VecDeque<Flight>,
@@ -601,41 +601,34 @@ impl Pipeline {
         }
     }
 
-    /// Up to `n` aggregates the table holds, going round; `None` when it holds none.
-    pub fn sweep_round(&mut self, n: usize) -> Option<Round> {
-        use std::ops::Bound;
-        if self.held.is_empty() {
-            return None;
+    /// Where the next sweep round starts: after the last aggregate served (the rounds go round
+    /// the durable record, `outbox_wal_deferred`, in key order).
+    pub fn cursor(&self) -> AggregateKey {
+        self.cursor.clone().unwrap_or_default()
+    }
+
+    /// A sweep serves `aggregates`, read from the durable record, which decides: they are held
+    /// by the table whoever recorded them (this relay, another, a script), and memory, only a
+    /// cache of that record, learns them. Those of which a streamed row is not resolved yet are
+    /// frozen.
+    pub fn serve(&mut self, aggregates: Vec<AggregateKey>) -> Round {
+        if let Some(last) = aggregates.last() {
+            self.cursor = Some(last.clone());
         }
-        let after = match &self.cursor {
-            Some(c) => Bound::Excluded(c.clone()),
-            None => Bound::Unbounded,
+        self.held.extend(aggregates.iter().cloned());
+        let frozen = match aggregates.is_empty() {
+            true => HashSet::new(),
+            false => {
+                let pending: HashSet<&AggregateKey> =
+                    self.rows.values().map(|t| &t.row.aggregate).collect();
+                aggregates
+                    .iter()
+                    .filter(|k| pending.contains(k))
+                    .cloned()
+                    .collect()
+            }
         };
-        let mut aggregates: Vec<AggregateKey> = self
-            .held
-            .range((after, Bound::Unbounded))
-            .take(n)
-            .cloned()
-            .collect();
-        if aggregates.len() < n {
-            let more: Vec<AggregateKey> = self
-                .held
-                .iter()
-                .filter(|k| !aggregates.contains(k))
-                .take(n - aggregates.len())
-                .cloned()
-                .collect();
-            aggregates.extend(more);
-        }
-        self.cursor = aggregates.last().cloned();
-        let pending: HashSet<&AggregateKey> =
-            self.rows.values().map(|t| &t.row.aggregate).collect();
-        let frozen = aggregates
-            .iter()
-            .filter(|k| pending.contains(k))
-            .cloned()
-            .collect();
-        Some(Round { aggregates, frozen })
+        Round { aggregates, frozen }
     }
 
     /// A sweep's transaction took these aggregates back (the table has no pending row of them).

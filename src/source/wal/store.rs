@@ -11,7 +11,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Client;
 use uuid::Uuid;
 
-use super::pipeline::{Candidate, Found, Streamed};
+use super::pipeline::{Candidate, Found, Round, Streamed};
 use crate::config::WalMarking;
 use crate::error::Result;
 use crate::event::{AggregateKey, OutboxEvent};
@@ -27,6 +27,7 @@ const DELETE_PUBLISHED_IDS: &str =
     include_str!("../../../sql/queries/wal/delete_published_ids.sql");
 const ROW_STATES: &str = include_str!("../../../sql/queries/wal/row_states.sql");
 const PENDING_OF: &str = include_str!("../../../sql/queries/wal/pending_of.sql");
+const SWEEP_ROUND: &str = include_str!("../../../sql/queries/wal/sweep_round.sql");
 const DEFER: &str = include_str!("../../../sql/queries/wal/defer.sql");
 const UNDEFER: &str = include_str!("../../../sql/queries/wal/undefer.sql");
 const INSERT_POSITION: &str = include_str!("../../../sql/queries/wal/insert_position.sql");
@@ -42,6 +43,7 @@ const TIDS_UUIDS: &[Type] = &[Type::TEXT_ARRAY, Type::UUID_ARRAY];
 const ROW_STATES_TYPES: &[Type] = &[Type::UUID_ARRAY, Type::INT8_ARRAY];
 const KEYS: &[Type] = &[Type::TEXT_ARRAY, Type::TEXT_ARRAY];
 const PENDING_OF_TYPES: &[Type] = &[Type::TEXT_ARRAY, Type::TEXT_ARRAY, Type::INT8];
+const SWEEP_ROUND_TYPES: &[Type] = &[Type::TEXT, Type::TEXT, Type::INT8];
 
 /// The worker connection's statements of `--source wal`.
 pub(crate) struct WalStatements {
@@ -57,6 +59,8 @@ pub(crate) struct WalStatements {
     split: Option<(Stmt, Stmt, Stmt)>,
     row_states: Stmt,
     pending_of: Stmt,
+    /// `sweep_round.sql`: what a sweep serves, from `outbox_wal_deferred`.
+    sweep_round: Stmt,
     defer: Stmt,
     undefer: Stmt,
 }
@@ -99,6 +103,7 @@ impl WalStatements {
             split,
             row_states: Stmt::new(client, ROW_STATES, ROW_STATES_TYPES, prepare).await?,
             pending_of: Stmt::new(client, PENDING_OF, PENDING_OF_TYPES, prepare).await?,
+            sweep_round: Stmt::new(client, SWEEP_ROUND, SWEEP_ROUND_TYPES, prepare).await?,
             defer: Stmt::new(client, DEFER, KEYS, prepare).await?,
             undefer: Stmt::new(client, UNDEFER, KEYS, prepare).await?,
         })
@@ -259,6 +264,8 @@ pub(crate) struct SweepInfo {
     pub next_due: Option<Duration>,
     /// Aggregates whose claim stopped at a row it could not take (held elsewhere).
     pub held: HashSet<AggregateKey>,
+    /// The aggregates this sweep served (read from `outbox_wal_deferred`).
+    pub served: Vec<AggregateKey>,
 }
 
 impl WalStore {
@@ -415,8 +422,9 @@ impl WalStore {
     /// with no pending row left are taken back in the same transaction.
     pub async fn sweep(
         &mut self,
-        aggregates: &[AggregateKey],
-        frozen: &foldhash::HashSet<AggregateKey>,
+        after: &AggregateKey,
+        n: usize,
+        serve: impl FnOnce(Vec<AggregateKey>) -> Round,
         batch: &crate::config::BatchConfig,
     ) -> Result<(Claim<'_>, WalRecord<'_>, SweepInfo)> {
         let (max_rows, max_bytes) = batch.sweep_slice();
@@ -424,6 +432,17 @@ impl WalStore {
         let wal = prepared(&self.statements)?;
         let mut claim = self.store.begin().await?;
         let client = claim.client();
+        // What to serve: the durable record decides, in this transaction.
+        let limit = i64::try_from(n).unwrap_or(i64::MAX);
+        let chosen = wal
+            .sweep_round
+            .query(client, &[&after.0, &after.1, &limit])
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<Vec<AggregateKey>>>()?;
+        let round = serve(chosen);
+        let (aggregates, frozen) = (&round.aggregates[..], &round.frozen);
         let keys = |aggregates: &[&AggregateKey]| -> (Vec<String>, Vec<String>) {
             aggregates
                 .iter()
@@ -524,6 +543,7 @@ impl WalStore {
             defer: grouping.defer,
             undefer: info.cleared.clone(),
         };
+        info.served = round.aggregates;
         Ok((claim, record, info))
     }
 }

@@ -21,22 +21,33 @@ const SWEEP_AGGREGATES: usize = 100;
 const SWEEP_GAP_MIN: Duration = Duration::from_millis(5);
 
 impl WalSource<'_> {
-    /// Sweeps a round of the aggregates the table holds: publishes what may go now and takes back
-    /// those left with nothing pending. Errors are logged; the sweep comes again. Returns when
-    /// the next sweep is due (`None`: the table holds no aggregate).
+    /// Sweeps a round of the aggregates the table holds, as `outbox_wal_deferred` records them
+    /// (whoever recorded them): publishes what may go now and takes back those left with nothing
+    /// pending. Errors are logged; the sweep comes again. Returns when the next sweep is due (at
+    /// the latest a fallback interval on: a hand-over recorded by another is found then).
     pub(super) async fn sweep(&mut self, pipeline: &mut Pipeline) -> Option<Instant> {
-        let round = pipeline.sweep_round(SWEEP_AGGREGATES)?;
         let started = Instant::now();
         let mut taken_back = Vec::new();
+        let mut handed = Vec::new();
         let mut next_due = None;
+        let mut served = 0;
         let (batch, retry) = (self.batch, self.retry);
         let (publisher, metrics) = (&self.publisher, self.metrics);
+        let after = pipeline.cursor();
         let result = match self.stores[0]
-            .sweep(&round.aggregates, &round.frozen, batch)
+            .sweep(
+                &after,
+                SWEEP_AGGREGATES,
+                |chosen| pipeline.serve(chosen),
+                batch,
+            )
             .await
         {
             Ok((claim, mut record, info)) => {
                 next_due = info.next_due;
+                served = info.served.len();
+                // Rows found moved to another aggregate are recorded with it: memory learns it.
+                handed.clone_from(&record.defer);
                 let taken_back = &mut taken_back;
                 run_claim_with(
                     retry,
@@ -72,17 +83,16 @@ impl WalSource<'_> {
         let now = Instant::now();
         match result {
             Ok(report) => {
+                pipeline.hand_over(handed);
                 pipeline.taken_back(&taken_back);
                 if report.broker_failures == 0 {
                     self.trouble.reset();
                 }
                 if report.broker_failures > 0 {
                     Some(now + self.trouble_delay())
-                } else if report.published > 0 || report.full {
+                } else if report.published > 0 || report.full || served == SWEEP_AGGREGATES {
                     // More may be waiting behind what went out: after the stream's turn.
                     Some(now + now.duration_since(started).max(SWEEP_GAP_MIN))
-                } else if pipeline.held().is_empty() {
-                    None
                 } else {
                     let wait = [
                         next_due,
