@@ -945,6 +945,6 @@ fn a_round_serves_what_the_record_says_and_memory_learns_it() {
     let round = p.serve(Vec::new());
     assert_eq!(round, Round::default());
     assert_eq!(p.cursor(), stranger);
-    p.taken_back(&[stranger.clone()]);
+    p.taken_back(std::slice::from_ref(&stranger));
     assert!(!p.held().contains(&stranger));
 }
