@@ -807,3 +807,51 @@ async fn the_rows_of_handed_aggregates_are_read_per_aggregate_on_a_new_table() {
         assert!(!plan.contains("pending_seq_key"), "{rows} rows: {plan}");
     }
 }
+
+/// Issue 45, item 1: a stream busy with one large transaction is moving, not stuck. With the relay
+/// stopped, writer 1 inserts LOW for aggregate `a` and stays open, writer 2 commits HIGH for `a`,
+/// a batch job commits 3,000 events of other aggregates in one transaction, then writer 1 commits.
+/// The restarted relay (`--batch-size 10`: the read-ahead is far smaller than the batch job) used
+/// to hand `a` to the table while the stream was reading the batch job's inserts, and the table
+/// published LOW, HIGH: the reverse of commit order.
+#[tokio::test]
+async fn a_stream_busy_with_one_large_transaction_keeps_commit_order() {
+    let env = Env::new().await;
+    env.wal_config().await; // the publication
+    let relay = cli_wal(&env, &["--batch-size", "10"]);
+    streaming(&env).await;
+    assert_eq!(relay.terminate(), Some(0), "the first relay stops cleanly");
+    let insert = "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+                  VALUES ('order', 'a', 'order.step', '{}') RETURNING seq";
+    let (mut one, mut two) = (env.client().await, env.client().await);
+    let writer1 = one.transaction().await.expect("begin");
+    let low: i64 = writer1.query_one(insert, &[]).await.expect("insert").get(0);
+    let writer2 = two.transaction().await.expect("begin");
+    let high: i64 = writer2.query_one(insert, &[]).await.expect("insert").get(0);
+    assert!(low < high);
+    writer2.commit().await.expect("commit HIGH");
+    env.client()
+        .await
+        .execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+             SELECT 'order', 'batch-' || (i % 50), 'order.bulk', '{}'
+             FROM generate_series(1, 3000) AS i",
+            &[],
+        )
+        .await
+        .expect("the batch job");
+    writer1.commit().await.expect("commit LOW");
+    let relay = cli_wal(&env, &["--batch-size", "10"]);
+    env.wait_stream_len(3002, Duration::from_secs(50)).await;
+    drained(&env, Duration::from_secs(10)).await;
+    let seqs: Vec<i64> = published_seqs(&env)
+        .await
+        .into_iter()
+        .filter(|s| *s == low || *s == high)
+        .collect();
+    assert_eq!(seqs, [high, low], "aggregate a in commit order");
+    let stored = env.stored().await;
+    let ids: std::collections::HashSet<_> = stored.iter().map(|m| m.event_id()).collect();
+    assert_eq!((stored.len(), ids.len()), (3002, 3002), "each event once");
+    assert_eq!(relay.terminate(), Some(0));
+}

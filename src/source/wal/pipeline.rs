@@ -16,6 +16,14 @@
 //! Per aggregate, rows go out in stream (commit) order: a row is published only when every
 //! earlier row of its aggregate was published; a row behind one that is carried is carried too;
 //! a row behind one that went to the table goes to the table.
+//!
+//! Order by proof: a row leaves the stream's order (to the table) only when something proves that
+//! no earlier-committing row of its aggregate can still arrive: the claim found the older row
+//! pending (held elsewhere, dead-lettered), the table holds the aggregate already, or the stream
+//! passed the WAL position the claim read after seeing an older row it had not brought. While
+//! the stream has not, the row is parked outside the read-ahead (its content dropped, claimed
+//! again when the stream brings that row or passes the position), so waiting never stops the
+//! stream that will end it, and a moving stream is never taken for a stuck one.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::hash::BuildHasher;
@@ -156,12 +164,15 @@ struct Tracked {
     /// Claimed behind an older row of its aggregate the stream had not brought: the WAL position
     /// the stream must pass before that row counts as in no stream.
     behind_since: Option<u64>,
-    /// How far the stream had brought commits when the row was last carried for that reason:
-    /// with the read-ahead full, carried again only once the stream moved on. A stream that
-    /// cannot move (its read-ahead full of rows waiting like this one, the older row behind
-    /// them) would never bring it.
-    behind_streamed: Option<u64>,
+    /// Set by the claim when the row waits for an older row of its aggregate the stream has not
+    /// brought (or behind a row of its aggregate that does): that row's id and the position the
+    /// stream must pass. The batch then parks the row instead of carrying it.
+    park: Option<Park>,
 }
+
+/// What a parked row waits for: the id of the older row the stream has not brought, and the WAL
+/// position the stream must pass for that row to be in no stream.
+type Park = (Uuid, u64);
 
 /// The pipeline's state (see the module doc).
 #[derive(Debug, Default)]
@@ -187,8 +198,14 @@ pub(crate) struct Pipeline {
     next_batch: BatchId,
     /// Rows and bytes waiting for a batch.
     queued: (usize, usize),
-    /// A batch's rows and bytes (the last cut's limits): the stream is read while fewer wait.
-    batch_limits: (usize, usize),
+    /// Rows parked until the stream proves something about them, by (position, index): claimed
+    /// again once the stream passes the position (the older row they wait for is then in no
+    /// stream) or brings that row (`awaited`). Parked rows are not in `queued`: they do not
+    /// fill the read-ahead, so the stream that would resolve them keeps moving. Their content
+    /// went with their first batch (a parked row weighs its id and aggregate).
+    parked: BTreeSet<(u64, u64)>,
+    /// The parked rows' indexes by the id of the row they wait for.
+    awaited: HashMap<Uuid, Vec<u64>>,
     /// The indexes of the rows waiting for a batch (cut in this order without walking the rows
     /// in flight).
     waiting: BTreeSet<u64>,
@@ -214,6 +231,13 @@ impl Pipeline {
         match change {
             Change::Begin => self.in_tx = true,
             Change::Insert(row) => {
+                if !self.awaited.is_empty() {
+                    if let Some(indexes) = self.awaited.remove(&row.id) {
+                        for index in indexes {
+                            self.unpark(index);
+                        }
+                    }
+                }
                 self.queued.0 += 1;
                 self.queued.1 = self.queued.1.saturating_add(row.size);
                 self.waiting.insert(self.next_index);
@@ -225,7 +249,7 @@ impl Pipeline {
                         batch: None,
                         carried: false,
                         behind_since: None,
-                        behind_streamed: None,
+                        park: None,
                     },
                 );
                 self.next_index += 1;
@@ -234,14 +258,73 @@ impl Pipeline {
                 self.in_tx = false;
                 self.commits.push_back((self.next_index, end));
                 self.streamed_to = self.streamed_to.max(end);
+                self.unpark_passed();
             }
             Change::Idle { wal_end } => {
                 if !self.in_tx {
                     self.idle = Some(self.idle.map_or(wal_end, |i| i.max(wal_end)));
                     self.streamed_to = self.streamed_to.max(wal_end);
+                    self.unpark_passed();
                 }
             }
         }
+    }
+
+    /// Rows parked (not queued) waiting for the stream.
+    #[cfg(test)]
+    pub fn parked(&self) -> usize {
+        self.parked.len()
+    }
+
+    /// Claims again the parked rows whose position the stream has passed.
+    fn unpark_passed(&mut self) {
+        while let Some(&(since, index)) = self.parked.first() {
+            if since > self.streamed_to {
+                break;
+            }
+            if let Some((awaited, _)) = self.rows.get(&index).and_then(|t| t.park) {
+                if let Some(list) = self.awaited.get_mut(&awaited) {
+                    list.retain(|i| *i != index);
+                    if list.is_empty() {
+                        self.awaited.remove(&awaited);
+                    }
+                }
+            }
+            self.unpark(index);
+        }
+    }
+
+    /// A parked row back in the queue (carried: claimed again after a short pause).
+    fn unpark(&mut self, index: u64) {
+        let Some(since) = self.rows.get_mut(&index).and_then(|t| t.park.take()) else {
+            return;
+        };
+        self.parked.remove(&(since.1, index));
+        self.requeue(index, true);
+    }
+
+    /// A row the claim found waiting for the stream leaves the queue until the stream proves
+    /// something about it (see `parked`).
+    fn park(&mut self, index: u64) {
+        let Some((awaited, since)) = self.rows.get(&index).and_then(|t| t.park) else {
+            self.requeue(index, true);
+            return;
+        };
+        let brought = || self.rows.values().any(|t| t.row.id == awaited);
+        if since <= self.streamed_to || brought() {
+            // Passed already, or the stream brought the row since the claim: claim it again.
+            if let Some(t) = self.rows.get_mut(&index) {
+                t.park = None;
+            }
+            self.requeue(index, true);
+            return;
+        }
+        if let Some(t) = self.rows.get_mut(&index) {
+            t.batch = None;
+            t.carried = true;
+        }
+        self.parked.insert((since, index));
+        self.awaited.entry(awaited).or_default().push(index);
     }
 
     /// Rows and bytes streamed and not in a batch yet (the stream's buffer).
@@ -294,7 +377,6 @@ impl Pipeline {
     /// Takes the rows waiting for a batch, in stream order: at most `max_rows` and `max_bytes`
     /// (the first row always).
     pub fn cut(&mut self, max_rows: usize, max_bytes: usize) -> Option<Cut> {
-        self.batch_limits = (max_rows, max_bytes);
         let id = self.next_batch;
         let mut taken = Vec::new();
         let mut bytes = 0usize;
@@ -358,10 +440,9 @@ impl Pipeline {
     /// seq committing last): the row is carried and claimed again shortly, and goes out in commit
     /// order once the stream brings the other. Once the stream has passed it, the older row is
     /// in no stream (skipped, or left by an earlier relay): the aggregate goes to the table,
-    /// which publishes both in seq order. The table too when rows waiting like this fill the
-    /// stream's read-ahead and the stream brought no commit since the row was last carried: a
-    /// transaction with more rows than the read-ahead holds would keep the other from ever
-    /// coming.
+    /// which publishes both in seq order. Meanwhile the row is parked (see `parked`): never to the
+    /// table because the read-ahead is full or no commit came for a while (a stream reading one
+    /// large transaction is moving, not stuck).
     pub fn claimed<S: BuildHasher>(
         &mut self,
         batch: BatchId,
@@ -391,24 +472,16 @@ impl Pipeline {
             !prev.is_empty() && prev.get(id).is_some_and(|p| known.get(p) != Some(&key))
         };
         let streamed_to = self.streamed_to;
-        // Should this batch's rows all come back, would they fill the stream's read-ahead (the
-        // driver reads the stream while fewer than a batch wait)? Then a row waiting for an
-        // older one the stream has not brought waits only while the stream moves.
-        let flight_bytes: usize = self.flights[at]
-            .rows
-            .iter()
-            .filter_map(|i| rows.get(i))
-            .map(|t| t.row.size)
-            .fold(0, usize::saturating_add);
-        let (max_rows, max_bytes) = self.batch_limits;
-        let stuck = self.queued.0 + self.flights[at].rows.len() >= max_rows.max(1)
-            || self.queued.1.saturating_add(flight_bytes) > max_bytes;
         let flight = &mut self.flights[at];
         // Per aggregate: after a row not visible, the rest is carried; after one pending, or when
         // the table holds the aggregate, the rest goes to the table (if visible).
         let mut carrying: HashSet<&AggregateKey> = HashSet::new();
         let mut to_table: HashSet<&AggregateKey> = HashSet::new();
-        let mut waiting: Vec<(u64, u64)> = Vec::new();
+        // Aggregates whose carry began with a row waiting for the stream: what it waits for (the
+        // rows behind it park with it).
+        let mut parking: HashMap<&AggregateKey, (Uuid, u64)> = HashMap::new();
+        // Per row: the position it first waited for, if it waits now; what parks it.
+        let mut parks: Vec<(u64, Option<u64>, Option<Park>)> = Vec::new();
         flight.fate.clear();
         for index in &flight.rows {
             let tracked = &rows[index];
@@ -418,9 +491,13 @@ impl Pipeline {
             // The sets are looked at only when not empty: hashing every row's aggregate is most of
             // this loop's cost, and in a steady stream they are.
             let in_set = |set: &HashSet<&AggregateKey>| !set.is_empty() && set.contains(key);
+            let (mut park, mut waits) = (None, None);
             let fate = if state == Found::Done {
                 Fate::Done
             } else if state == Found::NotVisible || in_set(&carrying) {
+                if !parking.is_empty() {
+                    park = parking.get(key).copied();
+                }
                 carrying.insert(key);
                 Fate::Carry
             } else if state == Found::Claimed
@@ -428,10 +505,15 @@ impl Pipeline {
                 && !in_set(&to_table)
                 && (held.is_empty() || !held.contains(key))
                 && streamed_to < tracked.behind_since.unwrap_or(seen_at)
-                && (!stuck || tracked.behind_streamed.is_none_or(|at| at < streamed_to))
             {
-                // Behind a row not streamed yet, perhaps one committed after it: once more.
-                waiting.push((*index, tracked.behind_since.unwrap_or(seen_at)));
+                // Behind a row not streamed yet, perhaps one committed after it: it waits until
+                // the stream brings that row or passes the position where it would be.
+                let since = tracked.behind_since.unwrap_or(seen_at);
+                park = prev.get(&row.id).map(|p| (*p, since));
+                if let Some(p) = park {
+                    parking.insert(key, p);
+                }
+                waits = Some(since);
                 carrying.insert(key);
                 Fate::Carry
             } else if state == Found::Pending
@@ -449,12 +531,15 @@ impl Pipeline {
                 Fate::Publish
             };
             flight.fate.push(fate);
+            parks.push((*index, waits, park));
         }
         flight.stage = Stage::Claimed;
-        for (index, since) in waiting {
+        for (index, waits, park) in parks {
             if let Some(t) = self.rows.get_mut(&index) {
-                t.behind_since = Some(since);
-                t.behind_streamed = Some(streamed_to);
+                if waits.is_some() {
+                    t.behind_since = waits;
+                }
+                t.park = park;
             }
         }
     }
@@ -472,7 +557,9 @@ impl Pipeline {
         // Per aggregate, the first row before this batch's last that is outside it and neither
         // published nor gone: a row of this batch behind it may not go out now.
         let last = flight.rows.last().copied().unwrap_or(0);
-        let mut carried_from: HashMap<&AggregateKey, u64> = HashMap::new();
+        // With what parks the first (a row behind a parked one parks with it: claimed again only
+        // once that one may go).
+        let mut carried_from: HashMap<&AggregateKey, (u64, Option<Park>)> = HashMap::new();
         for (index, t) in self.rows.range(..last) {
             if t.batch == Some(batch) {
                 continue;
@@ -488,7 +575,9 @@ impl Pipeline {
                 _ => true,
             };
             if blocks {
-                carried_from.entry(&t.row.aggregate).or_insert(*index);
+                carried_from
+                    .entry(&t.row.aggregate)
+                    .or_insert((*index, t.park));
             }
         }
         let handed = |key: &AggregateKey| {
@@ -499,17 +588,23 @@ impl Pipeline {
         };
         let mut groups: Vec<Vec<Uuid>> = Vec::new();
         let mut group_of: HashMap<&AggregateKey, usize> = HashMap::new();
+        let mut parks: Vec<(u64, (Uuid, u64))> = Vec::new();
         for (index, fate) in flight.rows.iter().zip(flight.fate.iter_mut()) {
             if *fate != Fate::Publish {
                 continue;
             }
             let row = &self.rows[index].row;
-            if !carried_from.is_empty()
-                && carried_from
+            let behind = match carried_from.is_empty() {
+                true => None,
+                false => carried_from
                     .get(&row.aggregate)
-                    .is_some_and(|first| first < index)
-            {
+                    .filter(|(first, _)| first < index),
+            };
+            if let Some((_, park)) = behind {
                 *fate = Fate::Carry;
+                if let Some(park) = park {
+                    parks.push((*index, *park));
+                }
             } else if handed(&row.aggregate) {
                 *fate = Fate::Table;
                 flight.handed.insert(row.aggregate.clone());
@@ -524,6 +619,11 @@ impl Pipeline {
             }
         }
         flight.stage = Stage::Published;
+        for (index, park) in parks {
+            if let Some(t) = self.rows.get_mut(&index) {
+                t.park = Some(park);
+            }
+        }
         groups
     }
 
@@ -581,7 +681,7 @@ impl Pipeline {
                         resolved.push((t.row.id, t.row.aggregate));
                     }
                 }
-                _ => self.requeue(*index, true),
+                _ => self.park(*index),
             }
         }
         self.recent.push_back(resolved);
@@ -670,6 +770,7 @@ impl Pipeline {
     fn requeue(&mut self, index: u64, carried: bool) {
         if let Some(t) = self.rows.get_mut(&index) {
             t.batch = None;
+            t.park = None;
             t.carried = carried;
             self.waiting.insert(index);
             if !carried {
