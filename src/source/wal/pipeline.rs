@@ -531,7 +531,10 @@ impl Pipeline {
                 Fate::Publish
             };
             flight.fate.push(fate);
-            parks.push((*index, waits, park));
+            // Only rows that wait (a row enters a batch unparked): no per-row work otherwise.
+            if waits.is_some() || park.is_some() {
+                parks.push((*index, waits, park));
+            }
         }
         flight.stage = Stage::Claimed;
         for (index, waits, park) in parks {
