@@ -412,9 +412,11 @@ impl PgCluster {
             ),
             ("max_connections".into(), "200".into()),
             // `--source wal`: logical decoding, and a slot and a walsender per test database.
+            // The slots of the shared cluster outlive their tests (one per wal test database, never
+            // dropped): past this limit a relay cannot create its slot and waits for ever.
             ("wal_level".into(), "logical".into()),
             ("max_wal_senders".into(), "40".into()),
-            ("max_replication_slots".into(), "80".into()),
+            ("max_replication_slots".into(), "400".into()),
         ];
         if !self.opts.fsync {
             for name in ["fsync", "synchronous_commit", "full_page_writes"] {
