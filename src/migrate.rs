@@ -105,6 +105,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "transactions",
         sql: include_str!("../sql/migrations/0009_transactions.sql"),
     },
+    Migration {
+        version: 10,
+        name: "kept_transactions",
+        sql: include_str!("../sql/migrations/0010_kept_transactions.sql"),
+    },
 ];
 
 /// The newest schema version of this build (what `migrate` brings a database to).
@@ -116,8 +121,9 @@ pub fn current_version() -> i32 {
 /// it). Lower than [`current_version`] while the newer versions only add what works without them
 /// (version 4: an index that makes the processed_events retention faster; version 6: what lets
 /// the wal source publish what the stream carried; version 7: an index that makes the dead-letter
-/// counts and the blocked aggregates fast; version 8: the table where relays report themselves), so
-/// a relay can be
+/// counts and the blocked aggregates fast; version 8: the table where relays report themselves;
+/// version 9: the transaction headers; version 10: the record of the transactions whose rows
+/// `--wal-marking delete` keeps, so that they go once the transaction is done), so a relay can be
 /// upgraded before the schema.
 pub const REQUIRED_VERSION: i32 = 3;
 
@@ -349,11 +355,14 @@ mod tests {
     #[test]
     fn script_from_the_latest_version_has_only_that_migration() {
         let rest = script_from(None, current_version());
-        assert!(rest.contains("-- migration 0009_transactions"), "{rest}");
         assert!(
-            rest.contains("ADD COLUMN IF NOT EXISTS txid xid8"),
+            rest.contains("-- migration 0010_kept_transactions"),
             "{rest}"
         );
-        assert!(!rest.contains("-- migration 0008_"), "{rest}");
+        assert!(
+            rest.contains("CREATE TABLE IF NOT EXISTS outbox_kept_transactions"),
+            "{rest}"
+        );
+        assert!(!rest.contains("-- migration 0009_"), "{rest}");
     }
 }

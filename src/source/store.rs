@@ -1323,6 +1323,12 @@ impl Claim<'_> {
         self.end("COMMIT").await
     }
 
+    /// Commits what another module's statements did in the claim's transaction (no rows of its
+    /// own to record).
+    pub async fn commit(self) -> Result<()> {
+        self.end("COMMIT").await
+    }
+
     /// Undoes the claim: every row is pending again, no attempt spent.
     pub async fn rollback(self) -> Result<()> {
         self.end("ROLLBACK").await

@@ -10,7 +10,7 @@ use serde_json::Value;
 use testkit::outbox::{cli, Env, STREAM};
 use testkit::wait_until;
 
-async fn narrow_stream(env: &Env, subjects: &[&str]) {
+pub(crate) async fn narrow_stream(env: &Env, subjects: &[&str]) {
     let js = env.js().await;
     js.update_stream(stream::Config {
         name: STREAM.into(),

@@ -296,7 +296,7 @@ async fn operator_commands_and_writers_through_pgbouncer_with_a_schema() {
     }
     outputs.sort();
     assert!(
-        outputs[0].starts_with("applied migrations [1, 2, 3, 4, 5, 6, 7, 8, 9]"),
+        outputs[0].starts_with("applied migrations [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]"),
         "{outputs:?}"
     );
     assert!(

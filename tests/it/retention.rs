@@ -237,7 +237,7 @@ async fn retention_works_without_migration_4_which_adds_the_index() {
     let (code, out, _) = cli(&db, &["migrate", "--check"]);
     assert_eq!(code, Some(1), "{out}");
     assert!(
-        out.contains("pending migrations: [4, 5, 6, 7, 8, 9]"),
+        out.contains("pending migrations: [4, 5, 6, 7, 8, 9, 10]"),
         "{out}"
     );
 
@@ -276,7 +276,7 @@ async fn retention_works_without_migration_4_which_adds_the_index() {
     let (code, out, err) = cli(&db, &["migrate"]);
     assert_eq!(code, Some(0), "{err}");
     assert!(
-        out.contains("applied migrations [4, 5, 6, 7, 8, 9]"),
+        out.contains("applied migrations [4, 5, 6, 7, 8, 9, 10]"),
         "{out}"
     );
     assert!(has_index(&client).await);

@@ -431,3 +431,181 @@ async fn transactions_side_by_side_on_the_same_aggregates_the_later_committing_f
         }
     }
 }
+
+/// How the transaction of [`discarded`] is written.
+#[derive(Clone, Copy, PartialEq)]
+enum Written {
+    /// Three INSERTs with another transaction's row between the first two: its seqs are not
+    /// consecutive, so the rows published are marked and kept for the count.
+    Spread,
+    /// One bulk INSERT, published one event a batch: its seqs are consecutive, so the rows
+    /// published are deleted and its count kept in `outbox_transaction_runs`.
+    Run,
+}
+
+/// `--wal-marking delete`, a transaction of three events a, b and c (aggregates A, B, C) where b
+/// is poison (no stream captures its subject) and dead-lettered at once: a and c go out, b
+/// stays. Once the operator discards b, the transaction is complete: what was kept of it for
+/// its count goes, without any batch holding it again, and only the discarded row (the audit
+/// trail) stays. A consumer saw a and c at places 1 and 3 of 3 events written.
+///
+/// `version_9`: the schema without `outbox_kept_transactions` (a relay upgraded before the
+/// schema): the relay works as before, and the marked rows stay until `cleanup`.
+async fn discarded(written: Written, version_9: bool) {
+    let env = Env::new().await;
+    if version_9 {
+        env.client()
+            .await
+            .batch_execute(
+                "DROP TABLE outbox_kept_transactions;
+                 DELETE FROM outbox_schema_migrations WHERE version = 10;",
+            )
+            .await
+            .expect("back to version 9");
+    }
+    crate::poison::narrow_stream(&env, &["outbox.order.>"]).await;
+    let mut config = env.source_config(Source::Wal).await;
+    config.retry.max_attempts = 1;
+    if written == Written::Run {
+        // One event a batch: the transaction is published over several (its run is kept).
+        config.batch.size = 1;
+    }
+    let relay = env.spawn(config).await;
+    let mut client = testkit::pg_client(&env.db).await;
+    let tx = client.transaction().await.expect("begin");
+    match written {
+        Written::Spread => {
+            let insert =
+                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+                          VALUES ('order', $1, $2, jsonb_build_object('i', $3::int8))";
+            tx.execute(insert, &[&"A", &"order.created", &1_i64])
+                .await
+                .expect("a");
+            // Another transaction's row between a and b.
+            env.insert_sql(1, "other", "order.created").await;
+            tx.execute(insert, &[&"B", &"payment.failed", &2_i64])
+                .await
+                .expect("b");
+            tx.execute(insert, &[&"C", &"order.created", &3_i64])
+                .await
+                .expect("c");
+        }
+        Written::Run => {
+            tx.execute(
+                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+                 SELECT 'order', (ARRAY['A', 'B', 'C'])[g],
+                        (ARRAY['order.created', 'payment.failed', 'order.created'])[g],
+                        jsonb_build_object('i', g)
+                 FROM generate_series(1, 3) g
+                 ORDER BY g",
+                &[],
+            )
+            .await
+            .expect("a, b and c");
+        }
+    }
+    tx.commit().await.expect("commit");
+    let others = match written {
+        Written::Spread => 1,
+        Written::Run => 0,
+    };
+    env.wait_stream_len(2 + others, Duration::from_secs(30))
+        .await;
+    env.wait_dead_letters(1, Duration::from_secs(30)).await;
+    let runs = || async {
+        testkit::simple_value(
+            &env.client().await,
+            "SELECT count(*) FROM outbox_transaction_runs",
+        )
+        .await
+    };
+    // What is kept of the transaction for its count while b is pending.
+    match written {
+        Written::Spread => {
+            wait_until("a and c kept, marked", Duration::from_secs(10), || async {
+                env.count("processed_at IS NOT NULL").await == 2
+            })
+            .await
+        }
+        Written::Run => {
+            wait_until("the run kept", Duration::from_secs(10), || async {
+                runs().await == "1" && env.count("true").await == 1
+            })
+            .await
+        }
+    }
+    let b: uuid::Uuid = env
+        .client()
+        .await
+        .query_one(
+            "SELECT id FROM outbox_events WHERE dead_lettered_at IS NOT NULL",
+            &[],
+        )
+        .await
+        .expect("the dead letter")
+        .get(0);
+    let (code, out, err) =
+        testkit::outbox::cli(&env.db, &["dead-letters", "discard", &b.to_string()]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    if version_9 {
+        // Nothing failed: a later event goes out; a and c stay marked.
+        env.insert_sql(1, "later", "order.created").await;
+        env.wait_stream_len(3 + others, Duration::from_secs(30))
+            .await;
+        assert_eq!(
+            env.count("processed_at IS NOT NULL AND discarded_at IS NULL")
+                .await,
+            2
+        );
+        relay.stop().await;
+        return;
+    }
+    wait_until(
+        "only the discarded row left",
+        Duration::from_secs(15),
+        || async {
+            env.count("true").await == 1 && env.count("discarded_at IS NOT NULL").await == 1
+        },
+    )
+    .await;
+    wait_until("no run kept", Duration::from_secs(10), || async {
+        runs().await == "0"
+    })
+    .await;
+    relay.stop().await;
+
+    let stored: Vec<Stored> = env
+        .stored_headers()
+        .await
+        .into_iter()
+        .filter(|m| m.headers.get(TX_EVENTS).map(String::as_str) == Some("3"))
+        .collect();
+    assert_eq!(
+        stored.len(),
+        2,
+        "a and c, with the count written: {stored:?}"
+    );
+    assert_eq!(stored[0].headers[TX_ID], stored[1].headers[TX_ID]);
+    let mut places: Vec<u64> = stored.iter().map(index).collect();
+    places.sort_unstable();
+    assert_eq!(places, vec![1, 3], "their places among the three written");
+    assert!(stored.iter().all(|m| m.event_id() != b));
+}
+
+/// [`discarded`], the transaction's rows not consecutive: its marked rows go.
+#[tokio::test]
+async fn a_transaction_whose_dead_letter_is_discarded_leaves_the_outbox_marked_rows() {
+    discarded(Written::Spread, false).await
+}
+
+/// [`discarded`], the transaction a run of consecutive seqs: its run goes.
+#[tokio::test]
+async fn a_transaction_whose_dead_letter_is_discarded_leaves_the_outbox_run() {
+    discarded(Written::Run, false).await
+}
+
+/// [`discarded`] on schema version 9: as before.
+#[tokio::test]
+async fn a_transaction_whose_dead_letter_is_discarded_keeps_its_marked_rows_on_version_9() {
+    discarded(Written::Spread, true).await
+}

@@ -20,3 +20,6 @@ WHERE to_regclass('outbox_relays') IS NOT NULL
 -- The counts of transactions the wal source publishes over several batches (schema version 9).
 UNION ALL SELECT format('GRANT SELECT, INSERT, DELETE ON outbox_transaction_runs TO %I', $1::text)
 WHERE to_regclass('outbox_transaction_runs') IS NOT NULL
+-- The transactions whose rows the wal source keeps for their count (schema version 10).
+UNION ALL SELECT format('GRANT SELECT, INSERT, DELETE ON outbox_kept_transactions TO %I', $1::text)
+WHERE to_regclass('outbox_kept_transactions') IS NOT NULL

@@ -17,11 +17,12 @@ use super::fallback::Fallback;
 use super::pipeline::{BatchId, Pipeline};
 use super::store::WalOpen;
 use super::stream::Stream;
+use super::sweep::KeptRounds;
 use super::{Stop, WalSource};
 use crate::error::{Error, Result};
 use crate::event::{AggregateKey, OutboxEvent};
 use crate::source::batch::{publish_claim, BatchReport, Published};
-use crate::stop::{pause, Grace};
+use crate::stop::{or_stop, pause, Grace};
 
 /// A streamed row not visible yet is claimed again after this pause, doubling while it stays so
 /// (up to the cap). PostgreSQL writes a commit record (which the stream sends) a moment before the
@@ -108,6 +109,10 @@ impl WalSource<'_> {
         // At once: serve what the durable record holds, whoever recorded it.
         let mut sweep_at = Some(Instant::now());
         let mut fallback = Fallback::new(self.source.fallback_interval);
+        // A round of the transactions kept for their count runs before a sweep: at once, after a
+        // wake-up (a discard completes a transaction) and every fallback interval.
+        let mut purge_due = true;
+        let mut kept_rounds = KeptRounds::default();
         let mut claimed: Option<Claimed> = None;
         let mut finishing: Option<Finishing> = None;
         // The broker had trouble with part of the last batch published: record it, then pause.
@@ -128,6 +133,8 @@ impl WalSource<'_> {
                 )));
             }
             if fallback.due <= Instant::now() {
+                purge_due = true;
+                sweep_at = Some(Instant::now());
                 let look = self.look_for_stranded(control, &mut pipeline, &mut fallback);
                 match grace.within(look).await {
                     None => {
@@ -150,6 +157,17 @@ impl WalSource<'_> {
             let sweep_due = sweep_at.is_some_and(|at| at <= Instant::now());
             if claimed.is_none() && finishing.is_none() {
                 if sweep_due && !pipeline.has_fresh() {
+                    if std::mem::take(&mut purge_due) {
+                        // Side work: it ends the moment the stop comes (its transaction rolls
+                        // back, and what it would have deleted is found again).
+                        let round = self.purge_kept(&mut kept_rounds);
+                        let Some(more) = or_stop(shutdown, round).await else {
+                            self.stores[0].table().cancel_and_reset().await;
+                            break;
+                        };
+                        // More to look at: the next round before the next sweep.
+                        purge_due = more;
+                    }
                     let Some(next) = grace.within(self.sweep(&mut pipeline)).await else {
                         self.abandon("the database to sweep the aggregates handed to the table")
                             .await;
@@ -179,8 +197,10 @@ impl WalSource<'_> {
                         }
                         _ = control.woken() => {
                             // Rows became publishable again (`dead-letters retry` or discard):
-                            // the next round serves their aggregates, wherever they stand.
+                            // the next round serves their aggregates, wherever they stand. A
+                            // discard may complete a transaction kept for its count.
                             sweep_at = Some(Instant::now());
+                            purge_due = true;
                             continue;
                         }
                         change = stream.next() => match change? {

@@ -34,8 +34,17 @@ const INSERT_POSITION: &str = include_str!("../../../sql/queries/wal/insert_posi
 const MARK_SPLIT: &str = include_str!("../../../sql/queries/wal/mark_split.sql");
 const PURGE_TRANSACTIONS: &str = include_str!("../../../sql/queries/wal/purge_transactions.sql");
 const RECORD_RUNS: &str = include_str!("../../../sql/queries/wal/record_runs.sql");
+const HAS_KEPT: &str = include_str!("../../../sql/queries/wal/has_kept.sql");
+const RECORD_KEPT: &str = include_str!("../../../sql/queries/wal/record_kept.sql");
+const KEPT_ROUND: &str = include_str!("../../../sql/queries/wal/kept_round.sql");
 const TEXTS: &[Type] = &[Type::TEXT_ARRAY];
 const RUNS_TYPES: &[Type] = &[Type::TEXT_ARRAY, Type::INT8_ARRAY, Type::INT8_ARRAY];
+const RECORD_KEPT_TYPES: &[Type] = &[Type::TEXT_ARRAY, Type::TEXT_ARRAY];
+const KEPT_ROUND_TYPES: &[Type] = &[Type::TEXT, Type::INT8];
+
+/// Kept transactions looked at per round of [`WalStore::purge_kept`] (one probe of
+/// `outbox_events_txid_idx` each).
+pub(crate) const KEPT_ROUND_TRANSACTIONS: usize = 1_000;
 
 const UUIDS: &[Type] = &[Type::UUID_ARRAY];
 const SEQS_UUIDS: &[Type] = &[Type::INT8_ARRAY, Type::UUID_ARRAY];
@@ -57,6 +66,9 @@ pub(crate) struct WalStatements {
     /// `--wal-marking delete` on a schema whose rows record their transaction (version 9):
     /// `mark_split.sql`, `record_runs.sql` and `purge_transactions.sql`.
     split: Option<(Stmt, Stmt, Stmt)>,
+    /// `--wal-marking delete` on a schema that records the transactions whose rows it keeps
+    /// (version 10): `record_kept.sql` and `kept_round.sql`.
+    kept: Option<(Stmt, Stmt)>,
     row_states: Stmt,
     pending_of: Stmt,
     /// `sweep_round.sql`: what a sweep serves, from `outbox_wal_deferred`.
@@ -73,6 +85,7 @@ impl WalStatements {
         marking: WalMarking,
         streamed: bool,
         has_txid: bool,
+        has_kept: bool,
     ) -> Result<WalStatements> {
         let (claim, delete, lock_streamed) = match marking {
             WalMarking::Update => (CLAIM_IDS.for_schema(has_txid), None, None),
@@ -96,11 +109,19 @@ impl WalStatements {
             )),
             _ => None,
         };
+        let kept = match (&split, has_kept) {
+            (Some(_), true) => Some((
+                Stmt::new(client, RECORD_KEPT, RECORD_KEPT_TYPES, prepare).await?,
+                Stmt::new(client, KEPT_ROUND, KEPT_ROUND_TYPES, prepare).await?,
+            )),
+            _ => None,
+        };
         Ok(WalStatements {
             claim_ids: Stmt::new(client, claim, UUIDS, prepare).await?,
             lock_streamed,
             delete_published: delete,
             split,
+            kept,
             row_states: Stmt::new(client, ROW_STATES, ROW_STATES_TYPES, prepare).await?,
             pending_of: Stmt::new(client, PENDING_OF, PENDING_OF_TYPES, prepare).await?,
             sweep_round: Stmt::new(client, SWEEP_ROUND, SWEEP_ROUND_TYPES, prepare).await?,
@@ -116,6 +137,8 @@ impl WalStatements {
     /// The rows of a transaction not published whole (`split`) are marked instead, and deleted
     /// with the rest of their transaction once it is all published: the table keeps every row of
     /// a transaction until then, so that its count (the transaction headers) is read exactly.
+    /// Where the schema has `outbox_kept_transactions`, a transaction kept is recorded there, so
+    /// that [`WalStore::purge_kept`] finds it done when no batch holds it again.
     pub async fn delete_published(
         &self,
         client: &Client,
@@ -160,7 +183,21 @@ impl WalStatements {
                 runs.execute(client, &[&txids, &firsts, &counts]).await?;
             }
             let txids: Vec<String> = split.txids.iter().map(u64::to_string).collect();
-            purge.execute(client, &[&txids]).await?;
+            let done = done_txids(purge.query(client, &[&txids]).await?)?;
+            if let Some((record_kept, _)) = &self.kept {
+                // Runs are recorded in outbox_transaction_runs already: only the others are kept
+                // (recorded while not done, forgotten once done).
+                let runs: HashSet<u64> = split.runs.iter().map(|r| r.0).collect();
+                let (forget, keep): (Vec<String>, Vec<String>) = split
+                    .txids
+                    .iter()
+                    .filter(|t| !runs.contains(t))
+                    .map(u64::to_string)
+                    .partition(|t| done.contains(t));
+                if !keep.is_empty() || !forget.is_empty() {
+                    record_kept.execute(client, &[&keep, &forget]).await?;
+                }
+            }
         }
         Ok(())
     }
@@ -183,6 +220,13 @@ impl WalStatements {
         }
         Ok(())
     }
+}
+
+/// The transactions `purge_transactions.sql` found done.
+fn done_txids(rows: Vec<tokio_postgres::Row>) -> Result<Vec<String>> {
+    rows.iter()
+        .map(|r| Ok(r.try_get::<_, String>("txid")?))
+        .collect()
 }
 
 /// A claim by id: the open claim (no groups yet), the events it took, and what was found of each
@@ -330,18 +374,66 @@ impl WalStore {
         let (client, generation, prepare, begin, has_txid) = self.store.connection().await?;
         let key = (generation, streamed);
         if self.statements.as_ref().map(|(k, _)| *k) != Some(key) {
-            // Prepared inside a transaction with the session's settings: `--schema` resolves.
-            if prepare {
-                client.batch_execute(begin).await?;
-            }
+            // Probed and prepared inside a transaction with the session's settings: `--schema`
+            // resolves.
+            client.batch_execute(begin).await?;
+            let has_kept = match (self.marking, has_txid) {
+                (WalMarking::Delete, true) => client
+                    .query_typed(HAS_KEPT, &[])
+                    .await?
+                    .first()
+                    .map(|row| row.try_get::<_, bool>("has_kept"))
+                    .transpose()?
+                    .unwrap_or(false),
+                _ => false,
+            };
             let statements =
-                WalStatements::new(client, prepare, self.marking, key.1, has_txid).await?;
-            if prepare {
-                client.batch_execute("COMMIT").await?;
-            }
+                WalStatements::new(client, prepare, self.marking, key.1, has_txid, has_kept)
+                    .await?;
+            client.batch_execute("COMMIT").await?;
             self.statements = Some((key, statements));
         }
         Ok(())
+    }
+
+    /// With `--wal-marking delete` on schema version 10: a round of the transactions whose
+    /// published rows (or run) are kept, as `outbox_kept_transactions` and
+    /// `outbox_transaction_runs` record them, at most [`KEPT_ROUND_TRANSACTIONS`] by txid after
+    /// `after` ("0": from the start). Those with no pending row left (their other events
+    /// published or discarded) leave the outbox in the round's transaction, whoever published
+    /// them. Returns the last transaction looked at when the round was full (the next round starts
+    /// after it), `None` when it reached the end; and how many were done. Nothing on an older
+    /// schema or with marking.
+    pub async fn purge_kept(&mut self, after: &str) -> Result<(Option<String>, usize)> {
+        self.ready().await?;
+        let wal = prepared(&self.statements)?;
+        let (Some((_, _, purge)), Some((record_kept, round))) = (&wal.split, &wal.kept) else {
+            return Ok((None, 0));
+        };
+        let claim = self.store.begin().await?;
+        let client = claim.client();
+        let limit = i64::try_from(KEPT_ROUND_TRANSACTIONS).unwrap_or(i64::MAX);
+        let candidates = round
+            .query(client, &[&after, &limit])
+            .await?
+            .iter()
+            .map(|r| Ok(r.try_get::<_, String>("txid")?))
+            .collect::<Result<Vec<String>>>()?;
+        if candidates.is_empty() {
+            claim.rollback().await?;
+            return Ok((None, 0));
+        }
+        let done = done_txids(purge.query(client, &[&candidates]).await?)?;
+        if !done.is_empty() {
+            record_kept
+                .execute(client, &[&Vec::<String>::new(), &done])
+                .await?;
+        }
+        claim.commit().await?;
+        let next = (candidates.len() >= KEPT_ROUND_TRANSACTIONS)
+            .then(|| candidates.last().cloned())
+            .flatten();
+        Ok((next, done.len()))
     }
 
     /// A claim left open by [`WalStore::claim_ids`], to publish and record, with what to record

@@ -20,7 +20,43 @@ const SWEEP_AGGREGATES: usize = 100;
 /// relay's time, nor holds the stream up for more than one sweep (one batch) at a time.
 const SWEEP_GAP_MIN: Duration = Duration::from_millis(5);
 
+/// Where the rounds of kept transactions ([`WalSource::purge_kept`]) stand: the last transaction
+/// looked at, `None` from the start. Memory only says where to look next; what is purged is found
+/// in the database.
+#[derive(Debug, Default)]
+pub(super) struct KeptRounds {
+    after: Option<String>,
+}
+
 impl WalSource<'_> {
+    /// With `--wal-marking delete`: a round of the transactions whose published rows the outbox
+    /// keeps for their count (`outbox_kept_transactions`, `outbox_transaction_runs`): those with
+    /// no pending row left leave the outbox, whether or not a batch holds them again (a
+    /// transaction whose last pending event was discarded, or finished by a batch that could not
+    /// see another's marks yet). Errors are logged; the next round comes at the next occasion.
+    /// `true`: the round was full, more are to look at.
+    pub(super) async fn purge_kept(&mut self, rounds: &mut KeptRounds) -> bool {
+        let after = rounds.after.take().unwrap_or_else(|| "0".to_string());
+        match self.stores[0].purge_kept(&after).await {
+            Ok((next, done)) => {
+                if done > 0 {
+                    tracing::debug!(
+                        transactions = done,
+                        "kept rows of transactions done left the outbox"
+                    );
+                }
+                rounds.after = next;
+                rounds.after.is_some()
+            }
+            Err(e) => {
+                self.recover(&e);
+                rounds.after = Some(after);
+                tracing::warn!(error = %e, "deleting the kept rows of transactions done failed; trying again at the next round");
+                false
+            }
+        }
+    }
+
     /// Sweeps a round of the aggregates the table holds, as `outbox_wal_deferred` records them
     /// (whoever recorded them): publishes what may go now and takes back those left with nothing
     /// pending. Errors are logged; the sweep comes again. Returns when the next sweep is due (at
