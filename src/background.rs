@@ -82,12 +82,10 @@ pub(crate) async fn stats(
                     health.set_database(false);
                     tracing::warn!(error = %e, "status query failed");
                     client = None;
-                    reporter.present = None;
                 }
                 Err(_) => {
                     health.set_database(false);
                     client = None;
-                    reporter.present = None;
                 }
             }
         };
@@ -116,10 +114,9 @@ async fn cancel(database: &Database, client: Option<&tokio_postgres::Client>) {
 
 const REPORT: &str = include_str!("../sql/queries/relays/report.sql");
 const LEAVE: &str = include_str!("../sql/queries/relays/leave.sql");
-const PRESENT: &str = include_str!("../sql/queries/relays/present.sql");
 
-/// How this relay reports itself in `outbox_relays` (schema version 8; nothing on an older one),
-/// so that the console lists relays, not connections. A failed report is logged and never stops
+/// How this relay reports itself in `outbox_relays`, so that the console lists relays, not
+/// connections. A failed report is logged and never stops
 /// the relay.
 struct Reporter {
     id: uuid::Uuid,
@@ -128,8 +125,8 @@ struct Reporter {
     source: &'static str,
     slot: Option<String>,
     interval: f64,
-    /// Whether the schema has the table, asked once per connection (`None`: not yet).
-    present: Option<bool>,
+    /// A report of this relay was written: a clean stop takes its row away.
+    reported: bool,
     /// (when, events published so far) of the reports of the last minute and one before it.
     samples: std::collections::VecDeque<(Instant, u64)>,
 }
@@ -149,7 +146,7 @@ impl Reporter {
             source: if slot.is_some() { "wal" } else { "table" },
             slot,
             interval: interval.as_secs_f64(),
-            present: None,
+            reported: false,
             samples: std::collections::VecDeque::new(),
         }
     }
@@ -182,7 +179,6 @@ impl Reporter {
         let last_minute = self.last_minute(Instant::now(), total);
         if let Err(e) = self.write(outbox, metrics, total, last, last_minute).await {
             tracing::debug!(error = %e, "reporting this relay in outbox_relays failed");
-            self.present = None;
         }
     }
 
@@ -195,41 +191,36 @@ impl Reporter {
         last_minute: u64,
     ) -> crate::error::Result<()> {
         let tx = outbox.checked_transaction().await?;
-        if self.present.is_none() {
-            let row = tx.query_one(PRESENT, &[]).await?;
-            self.present = Some(row.try_get("present")?);
-        }
-        if self.present == Some(true) {
-            let slot_lag = self
-                .slot
-                .as_ref()
-                .map(|_| metrics.replication_lag_bytes.get());
-            tx.execute(
-                REPORT,
-                &[
-                    &self.id,
-                    &self.host,
-                    &self.pid,
-                    &concat!("outbox-relay ", env!("CARGO_PKG_VERSION")),
-                    &self.source,
-                    &self.slot,
-                    &self.interval,
-                    &last.map(|d| d.as_secs_f64()),
-                    &i64::try_from(total).unwrap_or(i64::MAX),
-                    &i64::try_from(last_minute).unwrap_or(i64::MAX),
-                    &metrics.oldest_pending_age_seconds.get(),
-                    &slot_lag,
-                ],
-            )
-            .await?;
-        }
+        let slot_lag = self
+            .slot
+            .as_ref()
+            .map(|_| metrics.replication_lag_bytes.get());
+        tx.execute(
+            REPORT,
+            &[
+                &self.id,
+                &self.host,
+                &self.pid,
+                &concat!("outbox-relay ", env!("CARGO_PKG_VERSION")),
+                &self.source,
+                &self.slot,
+                &self.interval,
+                &last.map(|d| d.as_secs_f64()),
+                &i64::try_from(total).unwrap_or(i64::MAX),
+                &i64::try_from(last_minute).unwrap_or(i64::MAX),
+                &metrics.oldest_pending_age_seconds.get(),
+                &slot_lag,
+            ],
+        )
+        .await?;
         tx.commit().await?;
+        self.reported = true;
         Ok(())
     }
 
     /// A clean stop: the row goes (bounded: a stop never waits long on it).
     async fn leave(&mut self, outbox: &mut Outbox<'_>) {
-        if self.present != Some(true) {
+        if !self.reported {
             return;
         }
         let id = self.id;

@@ -118,18 +118,10 @@ pub fn current_version() -> i32 {
 }
 
 /// The oldest schema version this build runs against (the relay and the operator commands check
-/// it). Lower than [`current_version`] while the newer versions only add what works without them
-/// (version 4: an index that makes the processed_events retention faster; version 6: what lets
-/// the wal source publish what the stream carried; version 7: an index that makes the dead-letter
-/// counts and the blocked aggregates fast; version 8: the table where relays report themselves;
-/// version 9: the transaction headers; version 10: the record of the transactions whose rows
-/// `--wal-marking delete` keeps, so that they go once the transaction is done), so a relay can be
-/// upgraded before the schema.
-pub const REQUIRED_VERSION: i32 = 3;
-
-/// The oldest schema version `--source wal` runs against (version 5: the publication's name and
-/// the table of deferred aggregates).
-pub const WAL_REQUIRED_VERSION: i32 = 5;
+/// it): the current one and the one before it, so that relays can be upgraded before the schema
+/// (a rolling upgrade). Anything older is refused at start with "run `outbox-relay migrate`": the
+/// runtime never branches on what an older schema lacks.
+pub const REQUIRED_VERSION: i32 = 9;
 
 /// The migration lock (`migrate`, `migrate --wal`): one of them at a time per database.
 pub(crate) const LOCK: &str = include_str!("../sql/queries/migrate/migrate_lock.sql");

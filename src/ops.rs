@@ -64,7 +64,6 @@ const DEAD_LETTERS_RETRY_BATCH: &str =
 const DEAD_LETTERS_RETRY_PREVIEW: &str =
     include_str!("../sql/queries/ops/dead_letters_retry_preview.sql");
 const BLOCKED_AGGREGATES: &str = include_str!("../sql/queries/ops/blocked_aggregates.sql");
-const WAL_PRESENT: &str = include_str!("../sql/queries/ops/wal_present.sql");
 const WAL_SLOTS: &str = include_str!("../sql/queries/ops/wal_slots.sql");
 const CATCH_UP_AGAIN: &str = include_str!("../sql/queries/wal/wal_catch_up_again.sql");
 
@@ -123,8 +122,8 @@ impl<'c> Outbox<'c> {
         Ok(status)
     }
 
-    /// The replication slots of `--source wal` this outbox's relays created (none before schema
-    /// version 5, or without `--source wal`).
+    /// The replication slots of `--source wal` this outbox's relays created (none without
+    /// `--source wal`).
     pub async fn wal_slots(&mut self) -> Result<Vec<WalSlot>> {
         let tx = self.checked_transaction().await?;
         let slots = read_wal_slots(&tx).await?;
@@ -517,13 +516,9 @@ pub struct WalSlot {
     pub deferred_aggregates: i64,
 }
 
-/// The replication slots of `--source wal` this outbox's relays created (none before schema
-/// version 5, or without `--source wal`).
+/// The replication slots of `--source wal` this outbox's relays created (none without
+/// `--source wal`).
 pub(crate) async fn read_wal_slots<C: GenericClient + Sync>(client: &C) -> Result<Vec<WalSlot>> {
-    let present: bool = client.query_typed_one(WAL_PRESENT, &[]).await?.get(0);
-    if !present {
-        return Ok(Vec::new());
-    }
     let rows = client.query_typed(WAL_SLOTS, &[]).await?;
     Ok(rows
         .iter()
@@ -724,8 +719,7 @@ pub enum Retained {
     /// `processed_events`, the idempotency records of [`crate::process_once`]: ids recorded
     /// before the cutoff. A consumer handles a redelivery of such an event as a first delivery,
     /// so the cutoff must be older than any redelivery can come (the stream's retention,
-    /// replays). Fast with the index of schema version 4 (`processed_at`); works without it,
-    /// scanning.
+    /// replays). Found through the index of schema version 4 (`processed_at`).
     ProcessedEvents,
 }
 

@@ -42,10 +42,10 @@ pub(crate) struct Overview {
     pub(crate) blocked: Vec<ops::BlockedAggregate>,
     pub(crate) wal_slots: Vec<ops::WalSlot>,
     pub(crate) per_minute: queries::PerMinute,
-    /// Connections by application name (what the overview lists on a schema before version 8).
+    /// Connections by application name (what the overview lists while no relay reports itself).
     pub(crate) relays: Vec<RelayConnection>,
-    /// The relays reporting themselves (`None`: a schema before version 8).
-    pub(crate) reported: Option<Vec<ReportedRelay>>,
+    /// The relays reporting themselves.
+    pub(crate) reported: Vec<ReportedRelay>,
     /// The most frequent causes of the dead letters, and how many dead letters they were counted
     /// among.
     pub(crate) causes: (Vec<Cause>, i64),

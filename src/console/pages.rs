@@ -368,7 +368,7 @@ fn relays_table(relays: &[ReportedRelay], now: &Timestamp) -> Markup {
 }
 
 /// The connections whose application name says outbox-relay (`pg_stat_activity`): what the
-/// overview lists where no relay reports itself (a schema before version 8, relays older than it).
+/// overview lists where no relay reports itself (relays older than `outbox_relays`).
 fn connections_table(o: &Overview) -> Markup {
     html! {
         h2 { "Relays connected" }
@@ -392,15 +392,8 @@ fn connections_table(o: &Overview) -> Markup {
                 }
             }
             p class="source" id="connections-only" {
-                "Connections by application name (" code { "pg_stat_activity" } ")"
-                @match o.reported {
-                    None => {
-                        ": schema version 8 lists each relay with its figures (run "
-                        code { "outbox-relay migrate" } ")"
-                    }
-                    Some(_) => ": no relay reports itself here (relays older than outbox_relays)",
-                }
-                "."
+                "Connections by application name (" code { "pg_stat_activity" } "): no relay "
+                "reports itself here (relays older than outbox_relays)."
             }
         }
     }
@@ -477,9 +470,10 @@ pub(crate) fn overview(app: &App, who: &Identity, o: &Overview) -> Html<String> 
             (causes_table(app, "causes", &Filter::default(), Sort::default(), &o.causes, &o.now))
         }
 
-        @match &o.reported {
-            Some(relays) if !relays.is_empty() => (relays_table(relays, &o.now)),
-            _ => (connections_table(o)),
+        @if o.reported.is_empty() {
+            (connections_table(o))
+        } @else {
+            (relays_table(&o.reported, &o.now))
         }
 
         @if !o.wal_slots.is_empty() {

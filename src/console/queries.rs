@@ -69,7 +69,6 @@ const FOLLOWERS: &str = include_str!("../../sql/queries/console/followers.sql");
 const PER_MINUTE: &str = include_str!("../../sql/queries/console/processed_per_minute.sql");
 const RELAYS: &str = include_str!("../../sql/queries/console/relays.sql");
 const RELAYS_REPORTED: &str = include_str!("../../sql/queries/console/relays_reported.sql");
-const RELAYS_PRESENT: &str = include_str!("../../sql/queries/relays/present.sql");
 
 /// The filter of the dead-letter list, which a bulk action applies as it is: every field `None`
 /// matches every dead letter.
@@ -665,7 +664,7 @@ pub(crate) async fn relays<C: GenericClient + Sync>(client: &C) -> Result<Vec<Re
         .collect()
 }
 
-/// A relay as it reported itself in `outbox_relays` (schema version 8).
+/// A relay as it reported itself in `outbox_relays`.
 #[derive(Debug, Clone)]
 pub(crate) struct ReportedRelay {
     pub(crate) host: String,
@@ -684,18 +683,10 @@ pub(crate) struct ReportedRelay {
     pub(crate) seen_seconds_ago: f64,
 }
 
-/// The relays reporting themselves, or `None` on a schema without `outbox_relays` (before
-/// version 8: the console then lists connections, [`relays`]).
+/// The relays reporting themselves (none: the console lists connections, [`relays`]).
 pub(crate) async fn reported_relays<C: GenericClient + Sync>(
     client: &C,
-) -> Result<Option<Vec<ReportedRelay>>> {
-    let present: bool = client
-        .query_typed_one(RELAYS_PRESENT, &[])
-        .await?
-        .try_get("present")?;
-    if !present {
-        return Ok(None);
-    }
+) -> Result<Vec<ReportedRelay>> {
     let rows = client.query_typed(RELAYS_REPORTED, &[]).await?;
     rows.iter()
         .map(|r| {
@@ -715,7 +706,6 @@ pub(crate) async fn reported_relays<C: GenericClient + Sync>(
             })
         })
         .collect::<Result<Vec<_>>>()
-        .map(Some)
 }
 
 #[cfg(test)]

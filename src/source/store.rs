@@ -3,7 +3,6 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -18,17 +17,13 @@ use crate::event::{OutboxEvent, TransactionPosition};
 use crate::schema::Schema;
 use crate::timestamp::Timestamp;
 
-static CLAIM_ORDERED: ClaimSql =
-    ClaimSql::new(include_str!("../../sql/queries/table/claim_ordered.sql"));
-static CLAIM_UNORDERED: ClaimSql =
-    ClaimSql::new(include_str!("../../sql/queries/table/claim_unordered.sql"));
-static CLAIM_HEADS: ClaimSql =
-    ClaimSql::new(include_str!("../../sql/queries/table/claim_heads.sql"));
+const CLAIM_ORDERED: &str = include_str!("../../sql/queries/table/claim_ordered.sql");
+const CLAIM_UNORDERED: &str = include_str!("../../sql/queries/table/claim_unordered.sql");
+const CLAIM_HEADS: &str = include_str!("../../sql/queries/table/claim_heads.sql");
 const RELEASE: &str = include_str!("../../sql/queries/table/release.sql");
 const RECORD_FAILURES: &str = include_str!("../../sql/queries/table/record_failures.sql");
 const WAKE: &str = include_str!("../../sql/queries/table/wake.sql");
 const BEGIN_CLAIM: &str = include_str!("../../sql/queries/table/begin_claim.sql");
-const HAS_TRANSACTIONS: &str = include_str!("../../sql/queries/table/has_transactions.sql");
 const TRANSACTIONS: &str = include_str!("../../sql/queries/table/transactions.sql");
 const COMPLETE_TRANSACTIONS: &str =
     include_str!("../../sql/queries/table/complete_transactions.sql");
@@ -41,47 +36,6 @@ pub(crate) struct Completion {
     pub blocked: HashSet<Uuid>,
     pub incomplete: HashSet<u64>,
     pub split: HashSet<u64>,
-}
-
-/// A claim statement as the schema at hand runs it: as written where rows record their
-/// transaction (schema version 9), else returning NULL for it (`without_txid`).
-pub(crate) struct ClaimSql {
-    sql: &'static str,
-    older: OnceLock<String>,
-}
-
-impl ClaimSql {
-    pub const fn new(sql: &'static str) -> ClaimSql {
-        ClaimSql {
-            sql,
-            older: OnceLock::new(),
-        }
-    }
-
-    pub fn for_schema(&'static self, records_transactions: bool) -> &'static str {
-        match records_transactions {
-            true => self.sql,
-            false => self.older.get_or_init(|| without_txid(self.sql)).as_str(),
-        }
-    }
-}
-
-/// `sql` for a schema without `outbox_events.txid` (older than version 9): the column it returns
-/// (`u.txid::text AS txid`, any alias) is NULL.
-fn without_txid(sql: &str) -> String {
-    let mut out = String::with_capacity(sql.len());
-    let mut rest = sql;
-    while let Some(at) = rest.find(".txid::text AS txid") {
-        // Back to the start of the alias (`u`, `e`).
-        let start = rest[..at]
-            .rfind(|c: char| !c.is_ascii_alphanumeric() && c != '_')
-            .map_or(0, |i| i + 1);
-        out.push_str(&rest[..start]);
-        out.push_str("NULL::text AS txid");
-        rest = &rest[at + ".txid::text AS txid".len()..];
-    }
-    out.push_str(rest);
-    out
 }
 
 /// A statement of the relay: prepared once per connection, or sent unnamed (parsed and planned
@@ -171,11 +125,11 @@ struct Statements {
     claim_heads: Stmt,
     release: Stmt,
     record_failures: Stmt,
-    /// `transactions.sql`, where the table records each row's transaction (schema version 9),
-    /// with what earlier batches learnt of the transactions they published part of.
-    transactions: Option<(Stmt, std::sync::Mutex<Learnt>)>,
-    /// `complete_transactions.sql` (`--transactions atomic`), on the same schema.
-    complete_transactions: Option<Stmt>,
+    /// `transactions.sql`, with what earlier batches learnt of the transactions they published
+    /// part of.
+    transactions: (Stmt, std::sync::Mutex<Learnt>),
+    /// `complete_transactions.sql` (`--transactions atomic`).
+    complete_transactions: Stmt,
 }
 
 /// What the relay learnt of transactions a batch published part of, so that the next batch of
@@ -355,42 +309,24 @@ impl Store {
         let prepare = session.prepare;
         // In the session's transaction, where `--schema` resolves the table.
         client.batch_execute(&session.begin).await?;
-        let has = client
-            .query_typed(HAS_TRANSACTIONS, &[])
-            .await?
-            .first()
-            .map(|row| row.try_get::<_, bool>("has_transactions"))
-            .transpose()?
-            .unwrap_or(false);
-        let claim = |sql: &'static ClaimSql| sql.for_schema(has);
         let statements = Statements {
-            claim_ordered: Stmt::new(&client, claim(&CLAIM_ORDERED), CLAIM_ORDERED_TYPES, prepare)
-                .await?,
-            claim_unordered: Stmt::new(&client, claim(&CLAIM_UNORDERED), CLAIM_TYPES, prepare)
-                .await?,
-            claim_heads: Stmt::new(&client, claim(&CLAIM_HEADS), CLAIM_TYPES, prepare).await?,
+            claim_ordered: Stmt::new(&client, CLAIM_ORDERED, CLAIM_ORDERED_TYPES, prepare).await?,
+            claim_unordered: Stmt::new(&client, CLAIM_UNORDERED, CLAIM_TYPES, prepare).await?,
+            claim_heads: Stmt::new(&client, CLAIM_HEADS, CLAIM_TYPES, prepare).await?,
             release: Stmt::new(&client, RELEASE, RELEASE_TYPES, prepare).await?,
             record_failures: Stmt::new(&client, RECORD_FAILURES, RECORD_FAILURES_TYPES, prepare)
                 .await?,
-            transactions: match has {
-                true => Some((
-                    Stmt::new(&client, TRANSACTIONS, TRANSACTIONS_TYPES, prepare).await?,
-                    std::sync::Mutex::new(Learnt::default()),
-                )),
-                false => None,
-            },
-            complete_transactions: match has {
-                true => Some(
-                    Stmt::new(
-                        &client,
-                        COMPLETE_TRANSACTIONS,
-                        COMPLETE_TRANSACTIONS_TYPES,
-                        prepare,
-                    )
-                    .await?,
-                ),
-                false => None,
-            },
+            transactions: (
+                Stmt::new(&client, TRANSACTIONS, TRANSACTIONS_TYPES, prepare).await?,
+                std::sync::Mutex::new(Learnt::default()),
+            ),
+            complete_transactions: Stmt::new(
+                &client,
+                COMPLETE_TRANSACTIONS,
+                COMPLETE_TRANSACTIONS_TYPES,
+                prepare,
+            )
+            .await?,
         };
         client.batch_execute("COMMIT").await?;
         Ok((client, statements))
@@ -519,16 +455,14 @@ impl Store {
 
     /// The connection, opened if there is none, with no transaction open, and its generation
     /// (statements prepared on it by another module are valid while that stays the same); and
-    /// how to prepare them: whether to, and the `BEGIN` that resolves the outbox's schema; and
-    /// whether the table records each row's transaction (schema version 9: see [`ClaimSql`]).
-    pub async fn connection(&mut self) -> Result<(&Client, u64, bool, &str, bool)> {
-        let (client, statements) = ready!(self).await?;
+    /// how to prepare them: whether to, and the `BEGIN` that resolves the outbox's schema.
+    pub async fn connection(&mut self) -> Result<(&Client, u64, bool, &str)> {
+        let (client, _) = ready!(self).await?;
         Ok((
             client,
             self.generation,
             self.session.prepare,
             &self.session.begin,
-            statements.transactions.is_some(),
         ))
     }
 
@@ -1004,13 +938,10 @@ impl Claim<'_> {
 
     /// Places each event to publish in its transaction where its source did not (the wal stream
     /// places the rows it carried, with the count when the commit came within its hold): one
-    /// statement in the claim's transaction (`transactions.sql`). Nothing on a schema older than
-    /// version 9, whose rows do not record their transaction. Returns the transactions found to
+    /// statement in the claim's transaction (`transactions.sql`). Returns the transactions found to
     /// be runs of consecutive seqs.
     pub async fn read_transactions(&mut self) -> Result<Runs> {
-        let Some((statement, learnt)) = &self.statements.transactions else {
-            return Ok(Runs::new());
-        };
+        let (statement, learnt) = &self.statements.transactions;
         // Per transaction: lowest and highest seq in the batch, events in the batch. Asked for:
         // the transactions with an event not placed, and those placed (by the wal stream) that
         // the batch holds only part of, whose rows the wal source must know to be a run or not.
@@ -1178,8 +1109,7 @@ impl Claim<'_> {
     /// `--transactions atomic`: takes the pending rest of each transaction the claim holds events
     /// of (up to `limit` events; `ordered`: the claim keeps per-aggregate order), so that it goes
     /// out whole (`complete_transactions.sql`). The rows taken join their aggregates' groups (or
-    /// new ones) in seq order and are put back at the finish unless published or failed. Nothing
-    /// on a schema older than version 9.
+    /// new ones) in seq order and are put back at the finish unless published or failed.
     pub async fn complete_transactions(
         &mut self,
         limit: usize,
@@ -1187,9 +1117,7 @@ impl Claim<'_> {
         ordered: bool,
     ) -> Result<Completion> {
         let mut completion = Completion::default();
-        let Some(statement) = &self.statements.complete_transactions else {
-            return Ok(completion);
-        };
+        let statement = &self.statements.complete_transactions;
         // Per transaction: events and bytes the claim holds (bytes as the payload and headers
         // the relay read, near enough to `outbox_row_size()`).
         let mut here: BTreeMap<u64, (i64, i64)> = BTreeMap::new();

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use outbox_relay::ops::Outbox;
-use outbox_relay::{enqueue, enqueue_many, migrate, NewEvent};
+use outbox_relay::{enqueue, enqueue_many, migrate, NewEvent, Source};
 use serde_json::json;
 use testkit::outbox::{assert_unique, cli, CliRelay, Env};
 use testkit::wait_until;
@@ -687,5 +687,53 @@ async fn the_claim_at_100k_pending_rows_walks_once_and_probes_each_head_back() {
         // Its descent (3 pages at this size) and one heap page for each older entry of a row
         // published since the last vacuum (5 here, the first time they are visited).
         assert!(buffers <= 10 * 1000, "{statement}: {buffers} pages: {text}");
+    }
+}
+
+/// A database with the migrations before `version` only, as `migrate --print` writes them.
+async fn database_before(version: i32) -> String {
+    let db = testkit::shared_pg().create_database().await;
+    let script = migrate::script(None);
+    let cut = script
+        .find(&format!("-- migration {version:04}_"))
+        .unwrap_or(script.len());
+    testkit::pg_client(&db)
+        .await
+        .batch_execute(&format!("{}COMMIT;\n", &script[..cut]))
+        .await
+        .unwrap_or_else(|e| panic!("the migrations before {version}: {e}"));
+    db
+}
+
+/// The relay runs against the current schema version and the one before it (relays are upgraded
+/// before the schema, one release at a time), both sources; anything older is refused at start,
+/// naming `migrate`, by `run` and by the operator commands.
+#[tokio::test]
+async fn the_relay_runs_on_the_schema_before_the_current_one_and_refuses_older_ones() {
+    let previous = migrate::current_version() - 1;
+    assert_eq!(migrate::REQUIRED_VERSION, previous.max(1));
+    for source in [Source::Notify, Source::Wal] {
+        let env = Env {
+            db: database_before(previous + 1).await,
+            nats: testkit::NatsServer::start(),
+        };
+        env.create_stream().await;
+        env.source_config(source).await;
+        let args = env.source_args(source);
+        let relay = CliRelay::run(&env, &args.iter().map(String::as_str).collect::<Vec<_>>());
+        env.insert_sql(3, "prev", "order.created").await;
+        env.wait_stream_len(3, Duration::from_secs(30)).await;
+        assert_eq!(relay.terminate(), Some(0), "{source:?}");
+    }
+
+    let db = database_before(migrate::REQUIRED_VERSION).await;
+    for args in [
+        &["run", "--metrics-addr", "off"][..],
+        &["status"][..],
+        &["dead-letters", "list"][..],
+    ] {
+        let (code, _, err) = cli(&db, args);
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert!(err.contains("outbox-relay migrate"), "{args:?}: {err}");
     }
 }

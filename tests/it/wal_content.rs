@@ -308,22 +308,16 @@ async fn a_streamed_row_goes_out_exactly_as_the_table_gives_it() {
     relay.stop().await;
 }
 
-/// A relay upgraded before its schema (version 5, before the `rewritten` mark): it streams as
-/// before, reading every row from the table.
+/// With the `rewritten` mark switched off (its trigger disabled by hand), a streamed row's content
+/// may be stale: the relay streams as before, reading every row from the table.
 #[tokio::test]
-async fn a_schema_without_version_6_has_every_row_read_from_the_table() {
+async fn a_disabled_rewritten_mark_has_every_row_read_from_the_table() {
     let env = Env::new().await;
     env.client()
         .await
-        .batch_execute(
-            "DROP INDEX IF EXISTS outbox_events_dead_letters_idx;
-             DROP TRIGGER outbox_events_rewritten ON outbox_events;
-             DROP FUNCTION outbox_mark_rewritten();
-             ALTER TABLE outbox_events DROP COLUMN rewritten;
-             DELETE FROM outbox_schema_migrations WHERE version >= 6;",
-        )
+        .batch_execute("ALTER TABLE outbox_events DISABLE TRIGGER outbox_events_rewritten")
         .await
-        .expect("back to version 5");
+        .expect("the mark switched off");
     let relay = env.spawn(env.wal_config().await).await;
     streaming(&env).await;
     env.insert_interleaved(10, 5).await;

@@ -118,11 +118,11 @@ impl WalSource<'_> {
         let state = state.map_err(|e| {
             let code = e.as_db_error().and_then(|d| d.code()).map(|c| c.code());
             if matches!(code, Some("42883" | "42P01")) {
-                // outbox_wal_publication() or outbox_wal_slots is missing: the schema predates
-                // version 5 (undefined_function, undefined_table).
+                // outbox_wal_publication() or outbox_wal_slots is missing (undefined_function,
+                // undefined_table): dropped by hand since the start's schema check.
                 Stop::Fatal(Error::schema_missing(
                     None,
-                    crate::migrate::WAL_REQUIRED_VERSION,
+                    crate::migrate::REQUIRED_VERSION,
                 ))
             } else {
                 Stop::from(e)

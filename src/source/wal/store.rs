@@ -16,11 +16,11 @@ use crate::config::WalMarking;
 use crate::error::Result;
 use crate::event::{AggregateKey, OutboxEvent};
 use crate::source::store::{
-    read_claim, BeforeCommit, Claim, ClaimSql, ClaimedRow, OpenClaim, Split, Stmt, Store,
+    read_claim, BeforeCommit, Claim, ClaimedRow, OpenClaim, Split, Stmt, Store,
 };
 
-static CLAIM_IDS: ClaimSql = ClaimSql::new(include_str!("../../../sql/queries/wal/claim_ids.sql"));
-static LOCK_IDS: ClaimSql = ClaimSql::new(include_str!("../../../sql/queries/wal/lock_ids.sql"));
+const CLAIM_IDS: &str = include_str!("../../../sql/queries/wal/claim_ids.sql");
+const LOCK_IDS: &str = include_str!("../../../sql/queries/wal/lock_ids.sql");
 const LOCK_STREAMED: &str = include_str!("../../../sql/queries/wal/lock_streamed.sql");
 const DELETE_PUBLISHED: &str = include_str!("../../../sql/queries/wal/delete_published.sql");
 const DELETE_PUBLISHED_IDS: &str =
@@ -84,13 +84,12 @@ impl WalStatements {
         prepare: bool,
         marking: WalMarking,
         streamed: bool,
-        has_txid: bool,
         has_kept: bool,
     ) -> Result<WalStatements> {
         let (claim, delete, lock_streamed) = match marking {
-            WalMarking::Update => (CLAIM_IDS.for_schema(has_txid), None, None),
+            WalMarking::Update => (CLAIM_IDS, None, None),
             WalMarking::Delete => (
-                LOCK_IDS.for_schema(has_txid),
+                LOCK_IDS,
                 Some((
                     Stmt::new(client, DELETE_PUBLISHED, TIDS_UUIDS, prepare).await?,
                     Stmt::new(client, DELETE_PUBLISHED_IDS, UUIDS, prepare).await?,
@@ -101,8 +100,8 @@ impl WalStatements {
                 },
             ),
         };
-        let split = match (marking, has_txid) {
-            (WalMarking::Delete, true) => Some((
+        let split = match marking {
+            WalMarking::Delete => Some((
                 Stmt::new(client, MARK_SPLIT, UUIDS, prepare).await?,
                 Stmt::new(client, RECORD_RUNS, RUNS_TYPES, prepare).await?,
                 Stmt::new(client, PURGE_TRANSACTIONS, TEXTS, prepare).await?,
@@ -371,14 +370,14 @@ impl WalStore {
     /// The connection with the wal statements prepared on it.
     async fn ready(&mut self) -> Result<()> {
         let streamed = self.publishes_streamed();
-        let (client, generation, prepare, begin, has_txid) = self.store.connection().await?;
+        let (client, generation, prepare, begin) = self.store.connection().await?;
         let key = (generation, streamed);
         if self.statements.as_ref().map(|(k, _)| *k) != Some(key) {
             // Probed and prepared inside a transaction with the session's settings: `--schema`
             // resolves.
             client.batch_execute(begin).await?;
-            let has_kept = match (self.marking, has_txid) {
-                (WalMarking::Delete, true) => client
+            let has_kept = match self.marking {
+                WalMarking::Delete => client
                     .query_typed(HAS_KEPT, &[])
                     .await?
                     .first()
@@ -388,8 +387,7 @@ impl WalStore {
                 _ => false,
             };
             let statements =
-                WalStatements::new(client, prepare, self.marking, key.1, has_txid, has_kept)
-                    .await?;
+                WalStatements::new(client, prepare, self.marking, key.1, has_kept).await?;
             client.batch_execute("COMMIT").await?;
             self.statements = Some((key, statements));
         }
