@@ -13,7 +13,7 @@ use crate::policy::Outcome;
 use crate::policy::{is_broker_outage, FailureKind, RetryPolicy, Verdict, WAKE_HEADS};
 use crate::publisher::{Publisher, ATOMIC_BATCH_MAX};
 use crate::source::atomic;
-use crate::source::store::{BeforeCommit, Claim, Failure, Runs, Split, Store};
+use crate::source::store::{BeforeCommit, Claim, CommitOrder, Failure, Runs, Split, Store};
 
 /// What one batch (or two in flight together) did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -224,23 +224,24 @@ pub(crate) async fn run_claim(
     started: Instant,
     before_commit: impl BeforeCommit,
 ) -> Result<BatchReport> {
-    run_claim_with(retry, publisher, metrics, claim, started, |_, _| {
+    run_claim_with(retry, publisher, metrics, claim, started, None, |_, _| {
         before_commit
     })
     .await
 }
 
 /// [`run_claim`], with the bookkeeping decided from the settled outcome (a sweep takes back the
-/// aggregates that went out).
+/// aggregates that went out) and the source's commit order (`order`, see [`publish_claim`]).
 pub(crate) async fn run_claim_with<B: BeforeCommit>(
     retry: &RetryConfig,
     publisher: &Publisher,
     metrics: &Metrics,
     mut claim: Claim<'_>,
     started: Instant,
+    order: Option<&dyn CommitOrder>,
     before_commit: impl FnOnce(&Published, &Claim<'_>) -> B,
 ) -> Result<BatchReport> {
-    match publish_claim(retry, publisher, metrics, &mut claim, started).await {
+    match publish_claim(retry, publisher, metrics, &mut claim, started, order).await {
         Ok(settled) => {
             let record = before_commit(&settled, &claim);
             settled.finish_with(claim, metrics, record).await
@@ -270,13 +271,16 @@ pub(crate) struct Published {
 }
 
 /// Publishes a claim and settles the outcomes (see [`run_claim`]); nothing is recorded yet. The
-/// error is a broker outage (no attempt spent): the caller rolls the claim back.
+/// error is a broker outage (no attempt spent): the caller rolls the claim back. `order`: what the
+/// source knows of commit order beyond the claim's snapshot (the wal source's stream), which the
+/// atomic completion follows for the rows it takes.
 pub(crate) async fn publish_claim(
     retry: &RetryConfig,
     publisher: &Publisher,
     metrics: &Metrics,
     claim: &mut Claim<'_>,
     started: Instant,
+    order: Option<&dyn CommitOrder>,
 ) -> Result<Published> {
     let claim_ms = started.elapsed().as_secs_f64() * 1000.0;
     let (claimed, full) = (claim.claimed, claim.full);
@@ -301,7 +305,12 @@ pub(crate) async fn publish_claim(
     let completion = match publisher.atomic() {
         true => Some(
             claim
-                .complete_transactions(ATOMIC_BATCH_MAX, publisher.batch_bytes(), claim.ordered)
+                .complete_transactions(
+                    ATOMIC_BATCH_MAX,
+                    publisher.batch_bytes(),
+                    claim.ordered,
+                    order,
+                )
                 .await?,
         ),
         false => None,

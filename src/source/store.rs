@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use crate::config::Ordering;
 use crate::error::Result;
-use crate::event::{OutboxEvent, TransactionPosition};
+use crate::event::{AggregateKey, OutboxEvent, TransactionPosition};
 use crate::schema::Schema;
 use crate::timestamp::Timestamp;
 
@@ -36,6 +36,27 @@ pub(crate) struct Completion {
     pub blocked: HashSet<Uuid>,
     pub incomplete: HashSet<u64>,
     pub split: HashSet<u64>,
+}
+
+/// What a source knows of commit order beyond the claim's snapshot, asked about the rows an atomic
+/// completion takes from the table. The wal source's stream brings a commit before it is visible
+/// (behind a synchronous standby, a round trip): the completion's check for an older pending row
+/// of the aggregate cannot see it, the stream's order can.
+pub(crate) trait CommitOrder: Sync {
+    /// Of the rows `taken` (id, aggregate as the table holds it), with `claimed` (the claim's
+    /// rows): where the rows the source knows stand, and which taken rows must wait.
+    fn taken(&self, claimed: &HashSet<Uuid>, taken: &[(Uuid, &AggregateKey)]) -> TakenOrder;
+}
+
+/// What [`CommitOrder::taken`] says.
+#[derive(Debug, Default)]
+pub(crate) struct TakenOrder {
+    /// The places in the source's order of the taken rows it knows and of the claim's rows of
+    /// their aggregates: a taken row joins its group by it (by seq where any is missing).
+    pub position: HashMap<Uuid, u64>,
+    /// Taken rows that an earlier commit of their aggregate, neither in the claim nor taken, and
+    /// not published, must precede (or whose place the source cannot tell yet).
+    pub wait: HashSet<Uuid>,
 }
 
 /// A statement of the relay: prepared once per connection, or sent unnamed (parsed and planned
@@ -1109,12 +1130,14 @@ impl Claim<'_> {
     /// `--transactions atomic`: takes the pending rest of each transaction the claim holds events
     /// of (up to `limit` events; `ordered`: the claim keeps per-aggregate order), so that it goes
     /// out whole (`complete_transactions.sql`). The rows taken join their aggregates' groups (or
-    /// new ones) in seq order and are put back at the finish unless published or failed.
+    /// new ones) in seq order, or in `order`'s where it knows them, and are put back at the finish
+    /// unless published or failed; a row `order` says must wait is blocked.
     pub async fn complete_transactions(
         &mut self,
         limit: usize,
         max_bytes: usize,
         ordered: bool,
+        order: Option<&dyn CommitOrder>,
     ) -> Result<Completion> {
         let mut completion = Completion::default();
         let statement = &self.statements.complete_transactions;
@@ -1162,6 +1185,18 @@ impl Claim<'_> {
                 _ => taken.push((claimed_row(&row)?, row.try_get("blocked")?)),
             }
         }
+        // The source's order, where it knows more than the claim's snapshot (rows taken only).
+        let taken_order = match order.filter(|_| ordered && !taken.is_empty()) {
+            Some(order) => {
+                let claimed: HashSet<Uuid> = self.groups.iter().flatten().map(|e| e.id).collect();
+                let rows: Vec<(Uuid, &AggregateKey)> = taken
+                    .iter()
+                    .filter_map(|(row, _)| row.event.as_ref().map(|e| (e.id, &row.aggregate)))
+                    .collect();
+                order.taken(&claimed, &rows)
+            }
+            None => TakenOrder::default(),
+        };
         let mut at: HashMap<(String, String), usize> = HashMap::new();
         for (g, group) in self.groups.iter().enumerate() {
             if let Some(e) = group.first() {
@@ -1175,13 +1210,19 @@ impl Claim<'_> {
             };
             self.marked.push(event.id);
             self.claimed += 1;
-            if blocked {
+            if blocked || taken_order.wait.contains(&event.id) {
                 completion.blocked.insert(event.id);
             }
             match at.get(&aggregate).filter(|_| ordered) {
                 Some(&g) => {
                     let group = &mut self.groups[g];
-                    let place = group.partition_point(|e| e.seq < event.seq);
+                    let position = &taken_order.position;
+                    let place = match position.get(&event.id) {
+                        Some(p) if group.iter().all(|e| position.contains_key(&e.id)) => {
+                            group.partition_point(|e| position.get(&e.id).is_some_and(|q| q < p))
+                        }
+                        _ => group.partition_point(|e| e.seq < event.seq),
+                    };
                     group.insert(place, event);
                 }
                 None => {

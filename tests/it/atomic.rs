@@ -17,7 +17,7 @@ const TX_EVENTS: &str = "Outbox-Transaction-Events";
 
 /// Whether the nats-server under test takes atomic batches; a test of them on an older server
 /// checks the refusal instead.
-fn atomic_server() -> bool {
+pub(crate) fn atomic_server() -> bool {
     testkit::nats_version().is_some_and(|(major, minor, _)| (major, minor) >= (2, 12))
 }
 
@@ -104,7 +104,7 @@ async fn published_then_unmarked(
 }
 
 /// Switches `allow_atomic` on for the test stream (a stream update).
-async fn allow_atomic(env: &Env) {
+pub(crate) async fn allow_atomic(env: &Env) {
     let js = env.js().await;
     let mut s = js.get_stream(STREAM).await.expect("stream");
     let mut config = s.info().await.expect("info").config.clone();

@@ -245,6 +245,104 @@ async fn the_slot_goes_on_confirming_after_a_carried_rows_aggregate_is_handed_to
     relay.stop().await;
 }
 
+/// `--transactions atomic`: Q (aggregate `b`) is streamed but not visible; then a transaction T
+/// of an event of `a` and U of `b` commits, visible at once. The claim holding T's event of `a`
+/// takes the rest of T from the table, where the check for an older pending row of `b` cannot
+/// see Q: U went out before Q (without atomic mode Q goes first). The stream's order proves Q is
+/// the earlier commit, so T waits for it: `b` goes out Q, U, and T whole, in one atomic batch.
+#[tokio::test]
+async fn an_atomic_transaction_waits_for_an_earlier_commit_of_its_aggregate_not_visible_yet() {
+    atomic_transaction_behind_a_commit_not_visible_yet(false).await;
+}
+
+/// As above, and the relay restarts while Q is still not visible: T's event of `a` waits with
+/// the table (its transaction held), and the restarted relay sweeps the table before its stream
+/// has brought anything again. The sweep's claim takes the rest of T, U, which the new stream has
+/// not brought yet: it waits for the stream (which brings Q first), so `b` still goes out Q, U.
+#[tokio::test]
+async fn an_atomic_transaction_waits_for_an_earlier_commit_not_visible_yet_across_a_restart() {
+    atomic_transaction_behind_a_commit_not_visible_yet(true).await;
+}
+
+/// The scenario of the two tests above; `restart`: the relay restarts once T is held.
+async fn atomic_transaction_behind_a_commit_not_visible_yet(restart: bool) {
+    if !crate::atomic::atomic_server() {
+        return;
+    }
+    let pg = cluster_without_its_standby().await;
+    let env = Env::on(&pg).await;
+    crate::atomic::allow_atomic(&env).await;
+    let config = {
+        let mut config = env.wal_config().await;
+        config.source.fallback_interval = Duration::from_millis(300);
+        config.publish.transactions = outbox_relay::TransactionMode::Atomic;
+        config
+    };
+    let mut relay = env.spawn(config.clone()).await;
+    crate::wal::streaming(&env).await;
+
+    let q = Invisible::insert(&env, "b", "order.q").await;
+    q.streamed(&env).await;
+    env.client()
+        .await
+        .batch_execute(
+            "BEGIN;
+             INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+             VALUES ('order', 'a', 'order.t', '{}'), ('order', 'b', 'order.u', '{}');
+             COMMIT;",
+        )
+        .await
+        .expect("T");
+    if restart {
+        wait_until("T's event of a waits with the table", T, || {
+            deferred(&env, "a")
+        })
+        .await;
+        relay.stop().await;
+        assert_eq!(env.stream_len().await, 0, "nothing out while Q is hidden");
+        relay = env.spawn(config).await;
+        crate::wal::streaming(&env).await;
+    }
+    // A later commit of another aggregate: once it is out, the relay has had T in its hands.
+    env.insert_sql(1, "c", "order.c").await;
+    wait_until("the later commit is out", T, || async {
+        env.stored()
+            .await
+            .iter()
+            .any(|m| m.headers["Outbox-Event-Type"] == "order.c")
+    })
+    .await;
+    q.reveal(&env).await;
+    env.wait_stream_len(4, T).await;
+    wait_until("everything published", T, || async {
+        env.count("processed_at IS NULL").await == 0
+    })
+    .await;
+    relay.stop().await;
+
+    let stored = env.stored().await;
+    assert_eq!(stored.len(), 4, "each event once: {stored:?}");
+    let of_b: Vec<&str> = stored
+        .iter()
+        .filter(|m| m.headers["Outbox-Aggregate-Id"] == "b")
+        .map(|m| m.headers["Outbox-Event-Type"].as_str())
+        .collect();
+    assert_eq!(of_b, ["order.q", "order.u"], "b in commit order");
+    let t: Vec<_> = stored
+        .iter()
+        .filter(|m| ["order.t", "order.u"].contains(&m.headers["Outbox-Event-Type"].as_str()))
+        .collect();
+    assert_eq!(t.len(), 2);
+    assert_eq!(t[1].seq, t[0].seq + 1, "T in one block");
+    assert!(t[0].headers.contains_key("Nats-Batch-Id"));
+    assert_eq!(
+        t[0].headers.get("Nats-Batch-Id"),
+        t[1].headers.get("Nats-Batch-Id"),
+        "T as one atomic batch"
+    );
+    assert_eq!(t[0].headers["Outbox-Transaction-Events"], "2");
+}
+
 /// Creating a slot waits for every transaction that holds an xid. A relay stopped meanwhile
 /// exits within seconds, and while it waits it says which backend it waits for.
 #[tokio::test]

@@ -370,6 +370,9 @@ impl WalSource<'_> {
         }
         let metrics = self.metrics;
         let (retry, publisher) = (self.retry, &self.publisher);
+        // The stream's order, for the rows an atomic completion takes (the pipeline is not changed
+        // until the step's I/O is done).
+        let order: &Pipeline = pipeline;
         let record = async {
             let (f, store) = (finishing?, fin_s?);
             Progress::begin(&progress.recording, f.batch);
@@ -397,7 +400,9 @@ impl WalSource<'_> {
             let result = async {
                 let (mut claim, record) = store.resume(open, Vec::new())?;
                 let started = Instant::now();
-                match publish_claim(retry, publisher, metrics, &mut claim, started).await {
+                match publish_claim(retry, publisher, metrics, &mut claim, started, Some(order))
+                    .await
+                {
                     Ok(published) => {
                         // Recording needs the ids only: the rows' content goes now, so that no
                         // more than two batches' rows are held at once.

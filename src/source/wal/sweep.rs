@@ -91,6 +91,9 @@ impl WalSource<'_> {
                     metrics,
                     claim,
                     started,
+                    // The stream's order: a transaction's rows of aggregates the table does not
+                    // hold wait for what the stream brought before them.
+                    Some(&*pipeline),
                     |published, claim| {
                         // Taken back: the aggregates whose every pending row was in this sweep and
                         // went out. Not those stopped at a row held elsewhere or not eligible, nor
