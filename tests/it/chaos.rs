@@ -141,7 +141,10 @@ async fn chaos(marking: &[&str]) {
     };
 
     let nats_pid = Pid::from_raw(env.nats.pid().expect("nats-server runs") as i32);
-    let mut relays = [CliRelay::run_logged(&env, &args), CliRelay::run_logged(&env, &args)];
+    let mut relays = [
+        CliRelay::run_logged(&env, &args),
+        CliRelay::run_logged(&env, &args),
+    ];
     let chaos_until = Instant::now() + Duration::from_secs(45);
     let (mut kills, mut stops, mut pauses) = (0, 0, 0);
     while Instant::now() < chaos_until {
