@@ -164,9 +164,10 @@ struct Tracked {
     batch: Option<BatchId>,
     /// Came back from a batch not visible yet (claimed again after a short pause).
     carried: bool,
-    /// Claimed behind an older row of its aggregate the stream had not brought: the WAL position
-    /// the stream must pass before that row counts as in no stream.
-    behind_since: Option<u64>,
+    /// Claimed behind an older row of its aggregate the stream had not brought: that row's id and
+    /// the WAL position the stream must pass before it counts as in no stream (the position of
+    /// the first claim that saw it: a later claim's would move the goal on and on).
+    behind: Option<Park>,
     /// Set by the claim when the row waits for an older row of its aggregate the stream has not
     /// brought (or behind a row of its aggregate that does): that row's id and the position the
     /// stream must pass. The batch then parks the row instead of carrying it.
@@ -251,7 +252,7 @@ impl Pipeline {
                         row,
                         batch: None,
                         carried: false,
-                        behind_since: None,
+                        behind: None,
                         park: None,
                     },
                 );
@@ -483,8 +484,9 @@ impl Pipeline {
         // Aggregates whose carry began with a row waiting for the stream: what it waits for (the
         // rows behind it park with it).
         let mut parking: HashMap<&AggregateKey, (Uuid, u64)> = HashMap::new();
-        // Per row: the position it first waited for, if it waits now; what parks it.
-        let mut parks: Vec<(u64, Option<u64>, Option<Park>)> = Vec::new();
+        // Per row: the older row and the position it first waited for, if it waits now; what
+        // parks it.
+        let mut parks: Vec<(u64, Option<Park>, Option<Park>)> = Vec::new();
         flight.fate.clear();
         for index in &flight.rows {
             let tracked = &rows[index];
@@ -495,6 +497,13 @@ impl Pipeline {
             // this loop's cost, and in a steady stream they are.
             let in_set = |set: &HashSet<&AggregateKey>| !set.is_empty() && set.contains(key);
             let (mut park, mut waits) = (None, None);
+            // Where the stream must be for the older row to be in no stream: where it was when
+            // a claim first saw that row. An older row seen only now (committed since, a writer
+            // with a lower seq committing after this row) is another row: this claim's position.
+            let since = || match tracked.behind {
+                Some((older, at)) if prev.get(&row.id) == Some(&older) => at,
+                _ => seen_at,
+            };
             let fate = if state == Found::Done {
                 Fate::Done
             } else if state == Found::NotVisible || in_set(&carrying) {
@@ -507,16 +516,16 @@ impl Pipeline {
                 && behind_unknown(&row.id, key)
                 && !in_set(&to_table)
                 && (held.is_empty() || !held.contains(key))
-                && streamed_to < tracked.behind_since.unwrap_or(seen_at)
+                && streamed_to < since()
             {
                 // Behind a row not streamed yet, perhaps one committed after it: it waits until
                 // the stream brings that row or passes the position where it would be.
-                let since = tracked.behind_since.unwrap_or(seen_at);
+                let since = since();
                 park = prev.get(&row.id).map(|p| (*p, since));
                 if let Some(p) = park {
                     parking.insert(key, p);
                 }
-                waits = Some(since);
+                waits = park;
                 carrying.insert(key);
                 Fate::Carry
             } else if state == Found::Pending
@@ -543,7 +552,7 @@ impl Pipeline {
         for (index, waits, park) in parks {
             if let Some(t) = self.rows.get_mut(&index) {
                 if waits.is_some() {
-                    t.behind_since = waits;
+                    t.behind = waits;
                 }
                 t.park = park;
             }
