@@ -26,9 +26,41 @@ use std::time::Duration;
 /// assert_eq!(err.config_field().map(|(field, _)| field), Some("database_url"));
 /// assert_eq!(next_step(&err), "fix the input");
 /// ```
-#[derive(Debug, thiserror::Error)]
-#[error(transparent)]
-pub struct Error(Box<Repr>);
+///
+/// An error made from a lower-level failure (an I/O error, an async-nats or tokio-postgres error)
+/// keeps it: [`std::error::Error::source`] walks down to it, and the message ends with its text.
+#[derive(Debug)]
+pub struct Error(Box<Inner>);
+
+/// A lower-level failure behind an [`Error`].
+type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+#[derive(Debug)]
+struct Inner {
+    repr: Repr,
+    /// What failed underneath, for the variants that do not hold it themselves.
+    cause: Option<Cause>,
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0.repr, f)?;
+        match &self.0.cause {
+            // Redacted here too: the message is what logs and terminals show.
+            Some(cause) => write!(f, ": {}", crate::redact::redact(&cause.to_string())),
+            None => Ok(()),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.0.cause {
+            Some(cause) => Some(cause.as_ref()),
+            None => std::error::Error::source(&self.0.repr),
+        }
+    }
+}
 
 /// What kind of failure an [`Error`] is. New kinds may be added.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -91,11 +123,15 @@ enum Repr {
     Io(#[from] std::io::Error),
     #[error("{message}")]
     Replication { message: String, retryable: bool },
+    /// The database connection or an answer of the database is not what the work needs (the
+    /// connection holding a claim closed): a new connection may heal it.
+    #[error("database error: {0}")]
+    DatabaseState(String),
 }
 
 impl From<Repr> for Error {
     fn from(repr: Repr) -> Self {
-        Error(Box::new(repr))
+        Error(Box::new(Inner { repr, cause: None }))
     }
 }
 
@@ -170,16 +206,32 @@ impl Error {
     pub(crate) fn not_found(message: impl Into<String>) -> Self {
         Repr::NotFound(message.into()).into()
     }
+
+    /// The database connection or an answer is not what the work needs; retrying on a new
+    /// connection may heal it.
+    pub(crate) fn database_state(message: impl Into<String>) -> Self {
+        Repr::DatabaseState(message.into()).into()
+    }
+
+    /// The same error, keeping `cause` (what failed underneath) as its source; the message says
+    /// what failed, the cause's text follows it. Kind and predicates stay those of `self`.
+    pub(crate) fn caused_by(mut self, cause: impl Into<Cause>) -> Self {
+        self.0.cause = Some(cause.into());
+        self
+    }
 }
 
 impl Error {
     /// What kind of failure this is.
     pub fn kind(&self) -> ErrorKind {
-        match &*self.0 {
+        match &self.0.repr {
             Repr::Config { .. } => ErrorKind::Config,
             Repr::InvalidEvent(_) => ErrorKind::InvalidEvent,
             Repr::SchemaMissing { .. } => ErrorKind::SchemaMissing,
-            Repr::Database(_) | Repr::Sqlx { .. } | Repr::Replication { .. } => ErrorKind::Database,
+            Repr::Database(_)
+            | Repr::Sqlx { .. }
+            | Repr::Replication { .. }
+            | Repr::DatabaseState(_) => ErrorKind::Database,
             Repr::BrokerConnect(_) => ErrorKind::BrokerConnect,
             Repr::Refused(_) => ErrorKind::Refused,
             Repr::Stream(_) => ErrorKind::Stream,
@@ -193,7 +245,7 @@ impl Error {
     /// For a configuration error: the setting (the library's field name; the CLI shows it as its
     /// flag) and what is wrong with it.
     pub fn config_field(&self) -> Option<(&'static str, &str)> {
-        match &*self.0 {
+        match &self.0.repr {
             Repr::Config { field, message } => Some((field, message)),
             _ => None,
         }
@@ -201,7 +253,7 @@ impl Error {
 
     /// The message of an invalid event, without the "invalid event" prefix.
     pub(crate) fn invalid_event_message(&self) -> Option<&str> {
-        match &*self.0 {
+        match &self.0.repr {
             Repr::InvalidEvent(message) => Some(message),
             _ => None,
         }
@@ -209,7 +261,7 @@ impl Error {
 
     /// The PostgreSQL error behind a database failure, with its SQLSTATE.
     pub fn as_db_error(&self) -> Option<&tokio_postgres::Error> {
-        match &*self.0 {
+        match &self.0.repr {
             Repr::Database(e) => Some(e),
             _ => None,
         }
@@ -218,13 +270,14 @@ impl Error {
     /// Worth trying again later without changing anything (connections, broker outages, timeouts,
     /// serialization failures).
     pub fn is_retryable(&self) -> bool {
-        match &*self.0 {
+        match &self.0.repr {
             Repr::Database(e) => is_transient_db_error(e),
             Repr::Sqlx { retryable, .. } | Repr::Replication { retryable, .. } => *retryable,
             Repr::BrokerConnect(_)
             | Repr::BrokerUnavailable(_)
             | Repr::Timeout(..)
-            | Repr::Io(_) => true,
+            | Repr::Io(_)
+            | Repr::DatabaseState(_) => true,
             Repr::Config { .. }
             | Repr::InvalidEvent(_)
             | Repr::SchemaMissing { .. }
@@ -259,7 +312,10 @@ impl Error {
     }
 
     /// The message with any password of a connection string in it replaced (for logs and
-    /// terminals).
+    /// terminals), the causes' text included. The causes behind [`std::error::Error::source`] are
+    /// the libraries' own errors: the relay hands them no credentials inside URLs (NATS
+    /// credentials travel in the connect options), so walking the chain does not bring back what
+    /// this removes.
     pub fn redacted(&self) -> String {
         crate::redact::redact(&self.to_string())
     }
@@ -268,7 +324,7 @@ impl Error {
     /// created yet) rather than exit on? Credentials refused, TLS verification failed, a missing
     /// schema or stream and invalid settings are not: waiting cannot heal them.
     pub(crate) fn heals_by_waiting(&self) -> bool {
-        match &*self.0 {
+        match &self.0.repr {
             Repr::Database(e) => {
                 if is_tls_failure(e) {
                     return false;
@@ -288,7 +344,8 @@ impl Error {
             Repr::BrokerConnect(_)
             | Repr::BrokerUnavailable(_)
             | Repr::Timeout(..)
-            | Repr::Io(_) => true,
+            | Repr::Io(_)
+            | Repr::DatabaseState(_) => true,
             Repr::Replication { retryable, .. } => *retryable,
             _ => false,
         }
@@ -446,6 +503,38 @@ mod tests {
                 true,
                 false,
             ),
+            (Error::database_state("x"), ErrorKind::Database, true, false),
+            (
+                Error::replication("x", true),
+                ErrorKind::Database,
+                true,
+                false,
+            ),
+            (
+                Error::replication("x", false),
+                ErrorKind::Database,
+                false,
+                false,
+            ),
+            // A cause changes neither the kind nor the predicates.
+            (
+                Error::broker_connect("x").caused_by(std::io::Error::other("y")),
+                ErrorKind::BrokerConnect,
+                true,
+                false,
+            ),
+            (
+                Error::stream("x").caused_by(std::io::Error::other("y")),
+                ErrorKind::Stream,
+                false,
+                false,
+            ),
+            (
+                Error::replication("x", false).caused_by(std::io::Error::other("y")),
+                ErrorKind::Database,
+                false,
+                false,
+            ),
         ];
         for (e, kind, retryable, usage) in cases {
             assert_eq!(e.kind(), kind, "{e}");
@@ -463,6 +552,56 @@ mod tests {
             Some(("batch_size", "must be between 1 and 10000"))
         );
         assert_eq!(Error::invalid_event("x").config_field(), None);
+    }
+
+    #[test]
+    fn waiting_heals_what_it_did_before() {
+        assert!(Error::database_state("x").heals_by_waiting());
+        assert!(Error::replication("x", true).heals_by_waiting());
+        assert!(!Error::replication("x", false).heals_by_waiting());
+        let caused = |e: Error| e.caused_by(std::io::Error::other("y"));
+        assert!(caused(Error::broker_connect("x")).heals_by_waiting());
+        assert!(!caused(Error::refused("x")).heals_by_waiting());
+        assert!(!caused(Error::stream("x")).heals_by_waiting());
+    }
+
+    #[test]
+    fn a_cause_is_the_source_and_ends_the_message() {
+        use std::error::Error as _;
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        let e = Error::broker_connect("cannot read creds file /etc/app.creds").caused_by(io);
+        assert_eq!(
+            e.to_string(),
+            "NATS connection failed: cannot read creds file /etc/app.creds: no such file"
+        );
+        let source = e.source().expect("a source");
+        let io = source
+            .downcast_ref::<std::io::Error>()
+            .expect("the io error");
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+        // Without a cause: no source, the message as it was.
+        let plain = Error::broker_connect("cannot connect");
+        assert!(plain.source().is_none());
+        assert_eq!(plain.to_string(), "NATS connection failed: cannot connect");
+        // An error of a kind that holds its failure keeps that as its source, as before.
+        let from_io = Error::from(std::io::Error::other("gone"));
+        assert!(from_io.source().is_some());
+    }
+
+    #[test]
+    fn a_cause_does_not_bring_back_a_password() {
+        let cause = std::io::Error::other("nats://app:s3cret@nats:4222 refused; password=hunter2");
+        for e in [
+            Error::broker_connect("cannot connect (nats://app:***@nats:4222)")
+                .caused_by(std::io::Error::other(cause.to_string())),
+            Error::replication("replication connection", true).caused_by(cause),
+        ] {
+            for shown in [e.to_string(), e.redacted(), format!("{e}")] {
+                assert!(!shown.contains("s3cret"), "{shown}");
+                assert!(!shown.contains("hunter2"), "{shown}");
+                assert!(shown.contains("nats://app:***@nats:4222"), "{shown}");
+            }
+        }
     }
 
     #[test]

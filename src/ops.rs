@@ -385,11 +385,12 @@ impl<'c> Outbox<'c> {
             if let Err(e) = tx.batch_execute(stmt).await {
                 return Err(Error::replication(
                     format!(
-                        "{}; repairing it failed ({stmt}): {e}",
+                        "{}; repairing it failed ({stmt})",
                         problem.as_deref().unwrap_or("publication")
                     ),
                     false,
-                ));
+                )
+                .caused_by(e));
             }
         }
         if problem.is_some() {

@@ -113,12 +113,12 @@ pub(crate) async fn connect(
         .max_reconnects(None);
     if let Some(path) = &nats.creds {
         options = options.credentials_file(path).await.map_err(|e| {
-            Error::broker_connect(format!("cannot read creds file {}: {e}", path.display()))
+            Error::broker_connect(format!("cannot read creds file {}", path.display())).caused_by(e)
         })?;
     }
     if let Some(path) = &nats.nkey {
         let seed = std::fs::read_to_string(path).map_err(|e| {
-            Error::broker_connect(format!("cannot read nkey file {}: {e}", path.display()))
+            Error::broker_connect(format!("cannot read nkey file {}", path.display())).caused_by(e)
         })?;
         options = options.nkey(seed.trim().to_string());
     }
@@ -148,15 +148,12 @@ pub(crate) async fn connect(
             _ if crate::error::caused_by_rustls(&e) => ("TLS handshake failed", true),
             _ => ("cannot connect", false),
         };
-        let message = format!(
-            "{what} ({}): {}",
-            crate::redact::redact(nats.url.expose()),
-            crate::redact::redact(&e.to_string())
-        );
+        // The cause's text follows, redacted as the whole message is.
+        let message = format!("{what} ({})", crate::redact::redact(nats.url.expose()));
         if refused {
-            Error::refused(format!("NATS {message}"))
+            Error::refused(format!("NATS {message}")).caused_by(e)
         } else {
-            Error::broker_connect(message)
+            Error::broker_connect(message).caused_by(e)
         }
     })
 }
@@ -225,7 +222,13 @@ impl Publisher {
             Ok(mut s) => s
                 .info()
                 .await
-                .map_err(|e| Error::broker_unavailable(e.to_string()))?
+                .map_err(|e| {
+                    Error::broker_unavailable(format!(
+                        "cannot read the info of stream {}",
+                        self.stream
+                    ))
+                    .caused_by(e)
+                })?
                 .clone(),
             Err(e) if self.create_stream && is_not_found(&e) => {
                 // validate() refused create_stream for a template no stream subject can capture.
@@ -246,9 +249,10 @@ impl Publisher {
             Err(e) => {
                 // No answer from JetStream (starting, no leader yet): wait for it.
                 return Err(Error::broker_unavailable(format!(
-                    "cannot look up stream {}: {e}",
+                    "cannot look up stream {}",
                     self.stream
-                )));
+                ))
+                .caused_by(e));
             }
         };
         if self.atomic && !info.config.allow_atomic_publish {
@@ -295,21 +299,21 @@ impl Publisher {
             })
             .await
             .map_err(|e| {
-                let message = format!("cannot create stream {}: {e}", self.stream);
+                let message = format!("cannot create stream {}", self.stream);
                 // JetStream answered and refused: for the operator. Else: not up yet.
                 if matches!(
                     e.kind(),
                     jetstream::context::CreateStreamErrorKind::JetStream(_)
                 ) {
-                    Error::stream(message)
+                    Error::stream(message).caused_by(e)
                 } else {
-                    Error::broker_unavailable(message)
+                    Error::broker_unavailable(message).caused_by(e)
                 }
             })?;
-        let info = s
-            .info()
-            .await
-            .map_err(|e| Error::broker_unavailable(e.to_string()))?;
+        let info = s.info().await.map_err(|e| {
+            Error::broker_unavailable(format!("cannot read the info of stream {}", self.stream))
+                .caused_by(e)
+        })?;
         Ok(info.clone())
     }
 
@@ -1106,6 +1110,64 @@ fn is_not_found(e: &jetstream::context::GetStreamError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The failure behind a connect error stays reachable through `source()`, its text still
+    /// ending the message.
+    #[tokio::test]
+    async fn a_connect_error_keeps_what_failed_as_its_source() {
+        use std::error::Error as _;
+        let nkey = NatsConfig {
+            nkey: Some("/nonexistent/outbox-relay-test.nk".into()),
+            ..NatsConfig::default()
+        };
+        let e = connect(&nkey, |_| {}).await.expect_err("no nkey file");
+        assert_eq!(e.kind(), crate::ErrorKind::BrokerConnect);
+        assert!(e.is_retryable());
+        assert!(
+            e.to_string().starts_with(
+                "NATS connection failed: cannot read nkey file /nonexistent/outbox-relay-test.nk: "
+            ),
+            "{e}"
+        );
+        let io = e.source().and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(
+            io.map(|io| io.kind()),
+            Some(std::io::ErrorKind::NotFound),
+            "{e:?}"
+        );
+
+        // Nothing listens on port 1 of localhost: the connect fails at once.
+        let nowhere = NatsConfig {
+            url: "nats://app:s3cret@127.0.0.1:1".into(),
+            ..NatsConfig::default()
+        };
+        let e = connect(&nowhere, |_| {})
+            .await
+            .expect_err("nothing listens there");
+        assert_eq!(e.kind(), crate::ErrorKind::BrokerConnect);
+        let shown = e.to_string();
+        assert!(
+            shown.starts_with(
+                "NATS connection failed: cannot connect (nats://app:***@127.0.0.1:1): "
+            ),
+            "{shown}"
+        );
+        assert!(
+            !shown.contains("s3cret") && !e.redacted().contains("s3cret"),
+            "{shown}"
+        );
+        let nats = e
+            .source()
+            .and_then(|s| s.downcast_ref::<async_nats::ConnectError>());
+        let nats = nats.expect("the async-nats error as the source");
+        assert!(shown.ends_with(&nats.to_string()), "{shown}");
+        // The chain holds no credentials either: they travel in the connect options.
+        let mut source = e.source();
+        while let Some(s) = source {
+            assert!(!s.to_string().contains("s3cret"), "{s}");
+            source = s.source();
+        }
+    }
 
     #[test]
     fn atomic_batches_need_nats_server_2_12() {

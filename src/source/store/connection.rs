@@ -362,9 +362,8 @@ impl Store {
     pub fn resume(&mut self, open: OpenClaim) -> Result<Claim<'_>> {
         let live = self.in_tx && self.conn.as_ref().is_some_and(|(c, _)| !c.is_closed());
         let Some((client, statements)) = self.conn.as_ref().filter(|_| live) else {
-            return Err(crate::error::Error::replication(
+            return Err(crate::error::Error::database_state(
                 "the connection holding a claimed batch closed",
-                true,
             ));
         };
         Ok(Claim {

@@ -127,9 +127,8 @@ impl WalSource<'_> {
                 break;
             }
             if control.is_closed() {
-                return Err(Stop::Retry(Error::replication(
+                return Err(Stop::Retry(Error::database_state(
                     "the control connection (the leadership) was lost",
-                    true,
                 )));
             }
             if fallback.due <= Instant::now() {

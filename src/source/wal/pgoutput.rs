@@ -53,6 +53,8 @@ impl fmt::Display for DecodeError {
     }
 }
 
+impl std::error::Error for DecodeError {}
+
 /// Decodes one pgoutput message (the payload of an XLogData).
 pub(crate) fn decode(data: &[u8]) -> Result<Message<'_>, DecodeError> {
     let mut r = Reader { data, at: 0 };

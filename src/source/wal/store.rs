@@ -485,7 +485,9 @@ impl WalStore {
             false => {
                 let row = claim.client().query_typed(INSERT_POSITION, &[]).await?;
                 let row = row.first().ok_or_else(|| {
-                    crate::error::Error::replication("no WAL insert position", true)
+                    crate::error::Error::database_state(
+                        "the server answered no WAL insert position",
+                    )
                 })?;
                 u64::from(row.try_get::<_, tokio_postgres::types::PgLsn>("lsn")?)
             }
@@ -641,7 +643,7 @@ impl WalStore {
 /// The statements prepared on the store's connection (see [`WalStore::ready`]).
 fn prepared(statements: &Option<((u64, bool), WalStatements)>) -> Result<&WalStatements> {
     statements.as_ref().map(|(_, s)| s).ok_or_else(|| {
-        crate::error::Error::replication("the connection holding a claimed batch closed", true)
+        crate::error::Error::database_state("the connection holding a claimed batch closed")
     })
 }
 

@@ -274,10 +274,9 @@ async fn pump(
             },
             // After the worker ended (its outcome possibly lost to a receive cut short just as
             // it ended): the connection ended, and a new one heals it.
-            Err(e @ PgWireError::Internal(_)) if !client.is_running() => Err(Error::replication(
-                crate::redact::redact(&format!("replication connection ended: {e}")),
-                true,
-            )),
+            Err(e @ PgWireError::Internal(_)) if !client.is_running() => {
+                Err(Error::replication("replication connection ended", true).caused_by(e))
+            }
             Err(e) => Err(replication_error(e)),
         };
         let failed = change.is_err();
@@ -350,9 +349,9 @@ impl Decoder {
             }),
             ReplicationEvent::XLogData { data, .. } => {
                 let size = data.len();
-                match pgoutput::decode(&data)
-                    .map_err(|e| Error::replication(e.to_string(), false))?
-                {
+                match pgoutput::decode(&data).map_err(|e| {
+                    Error::replication("in the replication stream", false).caused_by(e)
+                })? {
                     Message::Relation(relation) => {
                         if self.table.replaced_by(&relation) {
                             // Its inserts are events the relay would otherwise skip while the
@@ -442,7 +441,7 @@ fn candidate(columns: &Columns, values: &[Value], xid: u32, size: usize) -> Resu
     let id = match values.get(columns.id) {
         Some(Value::Text(bytes)) => Uuid::try_parse_ascii(bytes).map_err(|e| {
             let id = String::from_utf8_lossy(bytes);
-            Error::replication(format!("id {id:?} is not a uuid: {e}"), false)
+            Error::replication(format!("id {id:?} is not a uuid"), false).caused_by(e)
         })?,
         _ => {
             return Err(Error::replication(
@@ -643,10 +642,7 @@ fn replication_error(e: PgWireError) -> Error {
         .iter()
         .any(|code| text.contains(code));
     let fatal = e.is_auth() || e.is_tls() || refused;
-    Error::replication(
-        crate::redact::redact(&format!("replication connection: {e}")),
-        retryable && !fatal,
-    )
+    Error::replication("replication connection", retryable && !fatal).caused_by(e)
 }
 
 #[cfg(test)]
