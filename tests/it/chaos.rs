@@ -12,11 +12,10 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::stream;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use outbox_relay::Source;
-use testkit::outbox::{assert_ledger, cli, CliRelay, Env, STREAM};
+use testkit::outbox::{assert_ledger, cli, CliRelay, Env};
 use testkit::wait_until;
 
 /// Writer transactions, each of 1 to 12 events over the aggregates `c0`..`c19`.
@@ -38,17 +37,7 @@ async fn chaos(marking: &[&str]) {
     let env = Env::new().await;
     env.source_config(Source::Wal).await;
     // Only order.* subjects are routable: a `payment.failed` event is poison.
-    env.js()
-        .await
-        .update_stream(stream::Config {
-            name: STREAM.into(),
-            subjects: vec!["outbox.order.>".into()],
-            storage: stream::StorageType::File,
-            duplicate_window: Duration::from_secs(600),
-            ..Default::default()
-        })
-        .await
-        .expect("narrow the stream");
+    crate::poison::narrow_stream(&env, &["outbox.order.>"]).await;
     let mut args: Vec<String> = env.source_args(Source::Wal);
     args.extend(
         [

@@ -132,8 +132,9 @@ impl WalSource<'_> {
                 )));
             }
             if fallback.due <= Instant::now() {
+                // The kept transactions' round comes with the next sweep, which runs a fallback
+                // interval after the last one at the latest.
                 purge_due = true;
-                sweep_at = Some(Instant::now());
                 let look = self.look_for_stranded(control, &mut pipeline, &mut fallback);
                 match grace.within(look).await {
                     None => {
