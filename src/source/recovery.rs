@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use backoff::backoff::Backoff;
 
-use crate::source::store::Store;
+use crate::source::store::{Prepare, Store};
 
 /// After a failed batch (either source): connections that may be broken are dropped (the next
 /// claim reconnects); the broker's outage needs nothing but the pause.
-pub(crate) fn recover<'s>(
-    stores: impl IntoIterator<Item = &'s mut Store>,
+pub(crate) fn recover<'s, X: Prepare + 's>(
+    stores: impl IntoIterator<Item = &'s mut Store<X>>,
     e: &crate::error::Error,
 ) {
     if e.is_broker_unavailable() {

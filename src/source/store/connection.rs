@@ -68,25 +68,59 @@ pub(super) struct Statements {
     pub(super) complete_transactions: Stmt,
 }
 
+/// Statements of another module prepared on the worker connection with the table's: when the
+/// connection is opened, in the session's transaction (so that `--schema` resolves their tables),
+/// and dropped with it. `()`: none (the table source).
+pub(crate) trait Prepare: Sized {
+    /// What decides which of them are prepared (fixed for the store's life).
+    type Options: Send + Sync;
+
+    /// Prepares them (or keeps them to send unnamed: `prepare` false) on a new connection.
+    fn prepare(
+        client: &Client,
+        prepare: bool,
+        options: &Self::Options,
+    ) -> impl std::future::Future<Output = Result<Self>> + Send;
+}
+
+impl Prepare for () {
+    type Options = ();
+
+    async fn prepare(_: &Client, _: bool, _: &()) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// An open worker connection with every statement prepared on it: the table's and `X`, another
+/// module's. Dropping it drops them.
+struct Connection<X> {
+    client: Client,
+    statements: Statements,
+    theirs: X,
+}
+
 /// [`Store::ready`] with a store's fields borrowed apart (the connection's borrow lives on in the
 /// claim while the others are used again).
 macro_rules! ready {
     ($store:expr) => {
-        Store::ready(
+        Self::ready(
             &mut $store.conn,
             &mut $store.in_tx,
             &$store.url,
             &$store.session,
-            &mut $store.generation,
+            &$store.options,
         )
     };
 }
 
-/// The worker connection with its statements; reconnects lazily after a loss.
-pub(crate) struct Store {
+/// The worker connection with its statements (the table's and `X`); reconnects lazily after a
+/// loss.
+pub(crate) struct Store<X: Prepare = ()> {
     url: String,
     session: Session,
-    conn: Option<(Client, Statements)>,
+    /// Which of `X` are prepared.
+    options: X::Options,
+    conn: Option<Connection<X>>,
     /// A claim's transaction was left open (its batch failed half-way); roll it back first.
     in_tx: bool,
     /// Find ordered heads by hopping from aggregate to aggregate instead of walking the pending
@@ -94,9 +128,6 @@ pub(crate) struct Store {
     sparse: bool,
     /// Rows to claim at most next time, below the batch size after a claim over the byte budget.
     limit_hint: usize,
-    /// Counts the connections opened: statements another module prepared on the connection stay
-    /// valid while it is the same.
-    generation: u64,
 }
 
 impl Store {
@@ -104,14 +135,29 @@ impl Store {
         Store {
             url,
             session,
+            options: (),
             conn: None,
             in_tx: false,
             sparse: false,
             limit_hint: usize::MAX,
-            generation: 0,
         }
     }
 
+    /// This store (not connected yet) with `X` prepared on each of its connections too.
+    pub fn with<X: Prepare>(self, options: X::Options) -> Store<X> {
+        Store {
+            url: self.url,
+            session: self.session,
+            options,
+            conn: None,
+            in_tx: false,
+            sparse: false,
+            limit_hint: usize::MAX,
+        }
+    }
+}
+
+impl<X: Prepare> Store<X> {
     /// From now on sends statements unnamed (see [`crate::error::Error::is_prepared_statement_lost`]).
     pub fn stop_preparing(&mut self) {
         self.session.prepare = false;
@@ -129,8 +175,8 @@ impl Store {
     /// it does not go on holding the claim's row locks, or waiting, after the relay is gone),
     /// then drops it. Bounded.
     pub async fn cancel_and_reset(&mut self) {
-        if let Some((client, _)) = &self.conn {
-            let token = client.cancel_token();
+        if let Some(conn) = &self.conn {
+            let token = conn.client.cancel_token();
             match crate::stop::last_words(crate::db::cancel(&self.url, &token)).await {
                 Some(Ok(())) => {}
                 Some(Err(e)) => {
@@ -145,7 +191,7 @@ impl Store {
     /// A new worker connection with its statements. No session state: settings are per
     /// transaction (see `begin_claim.sql`). Statements are prepared inside such a transaction, so
     /// that `--schema` resolves their tables.
-    async fn open(url: &str, session: &Session) -> Result<(Client, Statements)> {
+    async fn open(url: &str, session: &Session, options: &X::Options) -> Result<Connection<X>> {
         let client = crate::db::connect(url, "outbox-relay").await?;
         let prepare = session.prepare;
         // In the session's transaction, where `--schema` resolves the table.
@@ -169,37 +215,38 @@ impl Store {
             )
             .await?,
         };
+        let theirs = X::prepare(&client, prepare, options).await?;
         client.batch_execute("COMMIT").await?;
-        Ok((client, statements))
+        Ok(Connection {
+            client,
+            statements,
+            theirs,
+        })
     }
 
     /// The connection (a store's fields, borrowed apart), opened when there is none or it
     /// closed, with no transaction open.
     async fn ready<'c>(
-        conn: &'c mut Option<(Client, Statements)>,
+        conn: &'c mut Option<Connection<X>>,
         in_tx: &mut bool,
         url: &str,
         session: &Session,
-        generation: &mut u64,
-    ) -> Result<(&'c Client, &'c Statements)> {
-        if conn.as_ref().is_some_and(|(c, _)| c.is_closed()) {
+        options: &X::Options,
+    ) -> Result<&'c Connection<X>> {
+        if conn.as_ref().is_some_and(|c| c.client.is_closed()) {
             *conn = None;
             *in_tx = false;
         }
         let opened = match conn.take() {
             Some(opened) => opened,
-            None => {
-                let opened = Self::open(url, session).await?;
-                *generation += 1;
-                opened
-            }
+            None => Self::open(url, session, options).await?,
         };
-        let (client, statements) = &*conn.insert(opened);
+        let conn = &*conn.insert(opened);
         if *in_tx {
-            client.batch_execute("ROLLBACK").await?;
+            conn.client.batch_execute("ROLLBACK").await?;
             *in_tx = false;
         }
-        Ok((client, statements))
+        Ok(conn)
     }
 
     /// Opens a transaction and claims up to `limit` rows and about `max_bytes` of payload with
@@ -212,6 +259,17 @@ impl Store {
         limit: usize,
         max_bytes: usize,
     ) -> Result<Claim<'_>> {
+        Ok(self.claim_with(ordering, false, limit, max_bytes).await?.0)
+    }
+
+    /// [`Store::claim`], with the statements of the module that extends the store (`X`) on the
+    /// claim's connection.
+    pub async fn claim_for(
+        &mut self,
+        ordering: Ordering,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<(Claim<'_>, &X)> {
         self.claim_with(ordering, false, limit, max_bytes).await
     }
 
@@ -220,8 +278,10 @@ impl Store {
     /// usually brings). A claim that found any row is full: the full claim follows at once for the
     /// heads' followers and whatever came meanwhile.
     pub async fn claim_heads(&mut self, limit: usize, max_bytes: usize) -> Result<Claim<'_>> {
-        self.claim_with(Ordering::Aggregate, true, limit, max_bytes)
-            .await
+        Ok(self
+            .claim_with(Ordering::Aggregate, true, limit, max_bytes)
+            .await?
+            .0)
     }
 
     async fn claim_with(
@@ -230,8 +290,9 @@ impl Store {
         heads: bool,
         limit: usize,
         max_bytes: usize,
-    ) -> Result<Claim<'_>> {
-        let (client, statements) = ready!(self).await?;
+    ) -> Result<(Claim<'_>, &X)> {
+        let conn = ready!(self).await?;
+        let (client, statements) = (&conn.client, &conn.statements);
         let sparse = self.sparse && ordering == Ordering::Aggregate;
         let statement = match ordering {
             Ordering::None => &statements.claim_unordered,
@@ -282,7 +343,7 @@ impl Store {
             marked,
             ..
         } = grouped;
-        Ok(Claim {
+        let claim = Claim {
             client,
             statements,
             in_tx: &mut self.in_tx,
@@ -291,38 +352,33 @@ impl Store {
             full,
             marked,
             ordered: ordering == Ordering::Aggregate,
-        })
+        };
+        Ok((claim, &conn.theirs))
     }
 
-    /// The connection, opened if there is none, with no transaction open, and its generation
-    /// (statements prepared on it by another module are valid while that stays the same); and
-    /// how to prepare them: whether to, and the `BEGIN` that resolves the outbox's schema.
-    pub async fn connection(&mut self) -> Result<(&Client, u64, bool, &str)> {
-        let (client, _) = ready!(self).await?;
-        Ok((
-            client,
-            self.generation,
-            self.session.prepare,
-            &self.session.begin,
-        ))
+    /// The statements of the module that extends the store (`X`), on the connection, opened if
+    /// there is none.
+    pub async fn theirs(&mut self) -> Result<&X> {
+        Ok(&ready!(self).await?.theirs)
     }
 
     /// Opens a claim's transaction (with the session's settings) for another module's claim
-    /// statements: the claim starts empty ([`Claim::fill`]).
-    pub async fn begin(&mut self) -> Result<Claim<'_>> {
-        let (client, statements) = ready!(self).await?;
+    /// statements (`X`, returned with it): the claim starts empty ([`Claim::fill`]).
+    pub async fn begin(&mut self) -> Result<(Claim<'_>, &X)> {
+        let conn = ready!(self).await?;
         self.in_tx = true;
-        client.batch_execute(&self.session.begin).await?;
-        Ok(Claim {
-            client,
-            statements,
+        conn.client.batch_execute(&self.session.begin).await?;
+        let claim = Claim {
+            client: &conn.client,
+            statements: &conn.statements,
             in_tx: &mut self.in_tx,
             groups: Vec::new(),
             claimed: 0,
             full: false,
             marked: Vec::new(),
             ordered: true,
-        })
+        };
+        Ok((claim, &conn.theirs))
     }
 
     /// Wakes the other relays of this outbox (a stopping relay hands its backlog over). Best
@@ -356,25 +412,27 @@ fn claim_params<'a>(
     }
 }
 
-impl Store {
+impl<X: Prepare> Store<X> {
     /// The claim opened on this store's connection by [`Claim::into_open`], to publish and
-    /// finish. Fails when the connection was lost meanwhile (the transaction is gone with it).
-    pub fn resume(&mut self, open: OpenClaim) -> Result<Claim<'_>> {
-        let live = self.in_tx && self.conn.as_ref().is_some_and(|(c, _)| !c.is_closed());
-        let Some((client, statements)) = self.conn.as_ref().filter(|_| live) else {
+    /// finish, with `X` on its connection. Fails when the connection was lost meanwhile (the
+    /// transaction is gone with it).
+    pub fn resume(&mut self, open: OpenClaim) -> Result<(Claim<'_>, &X)> {
+        let live = self.in_tx && self.conn.as_ref().is_some_and(|c| !c.client.is_closed());
+        let Some(conn) = self.conn.as_ref().filter(|_| live) else {
             return Err(crate::error::Error::database_state(
                 "the connection holding a claimed batch closed",
             ));
         };
-        Ok(Claim {
-            client,
-            statements,
+        let claim = Claim {
+            client: &conn.client,
+            statements: &conn.statements,
             in_tx: &mut self.in_tx,
             groups: open.groups,
             claimed: open.claimed,
             full: open.full,
             marked: open.marked,
             ordered: open.ordered,
-        })
+        };
+        Ok((claim, &conn.theirs))
     }
 }

@@ -17,7 +17,7 @@ mod transactions;
 
 pub(crate) use claim::{BeforeCommit, Claim, Failure, OpenClaim};
 pub(crate) use completion::{CommitOrder, Completion, TakenOrder};
-pub(crate) use connection::Store;
+pub(crate) use connection::{Prepare, Store};
 pub(crate) use headers::headers_from_json;
 pub(crate) use row::{read_claim, ClaimedRow};
 pub(crate) use stmt::{Session, Stmt};

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use tokio_postgres::Client;
 use uuid::Uuid;
 
-use super::connection::prepared;
 use super::states::RowState;
 use super::{WalRecord, WalStatements, WalStore};
 use crate::error::Result;
@@ -51,8 +50,7 @@ impl WalStore {
         open: WalOpen,
         defer: Vec<AggregateKey>,
     ) -> Result<(Claim<'_>, WalRecord<'_>)> {
-        let statements = prepared(&self.statements)?;
-        let claim = self.store.resume(open.open)?;
+        let (claim, statements) = self.store.resume(open.open)?;
         Ok((
             claim,
             WalRecord {
@@ -69,9 +67,7 @@ impl WalStore {
     /// out), the events claimed, and what was found of each candidate.
     /// The candidates' content is taken (used once).
     pub async fn claim_ids(&mut self, candidates: &mut [Candidate]) -> Result<ClaimedIds> {
-        self.ready().await?;
-        let wal = prepared(&self.statements)?;
-        let mut claim = self.store.begin().await?;
+        let (mut claim, wal) = self.store.begin().await?;
         let (taken, states, marked) = claim_in(claim.client(), wal, candidates).await?;
         let mut moved = HashMap::new();
         let mut found: HashMap<Uuid, Found> = states

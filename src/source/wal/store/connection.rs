@@ -1,6 +1,6 @@
 //! [`WalStore`]: a worker connection of the wal source, the table source's [`Store`] with the
-//! wal statements prepared on the same connection; the table's claim recorded as the wal source
-//! records its batches.
+//! wal statements prepared on the same connection when it is opened; the table's claim recorded
+//! as the wal source records its batches.
 
 use foldhash::{HashMap, HashMapExt};
 
@@ -9,27 +9,21 @@ use crate::config::WalMarking;
 use crate::error::Result;
 use crate::source::store::{Claim, Store};
 
-const HAS_KEPT: &str = include_str!("../../../../sql/queries/wal/has_kept.sql");
-
-/// A worker connection of the wal source: the table source's [`Store`] and the wal source's
-/// statements on the same connection (prepared again whenever it is a new one).
+/// A worker connection of the wal source: the table source's [`Store`] with the wal source's
+/// statements prepared on each of its connections (dropped with it).
 pub(crate) struct WalStore {
-    pub(super) store: Store,
+    pub(super) store: Store<WalStatements>,
     pub(super) marking: WalMarking,
     /// The schema marks rows changed after their insert (version 6).
     pub(super) rewrites_marked: bool,
-    /// The statements, with the generation of the connection they were prepared on and whether
-    /// they publish streamed content.
-    pub(super) statements: Option<((u64, bool), WalStatements)>,
 }
 
 impl WalStore {
     pub fn new(store: Store, marking: WalMarking) -> WalStore {
         WalStore {
-            store,
+            store: store.with(marking),
             marking,
             rewrites_marked: false,
-            statements: None,
         }
     }
 
@@ -47,7 +41,7 @@ impl WalStore {
     }
 
     /// The table source's side of the connection.
-    pub fn table(&mut self) -> &mut Store {
+    pub fn table(&mut self) -> &mut Store<WalStatements> {
         &mut self.store
     }
 
@@ -60,9 +54,7 @@ impl WalStore {
         limit: usize,
         max_bytes: usize,
     ) -> Result<(Claim<'_>, WalRecord<'_>)> {
-        self.ready().await?;
-        let statements = prepared(&self.statements)?;
-        let claim = self.store.claim(ordering, limit, max_bytes).await?;
+        let (claim, statements) = self.store.claim_for(ordering, limit, max_bytes).await?;
         Ok((
             claim,
             WalRecord {
@@ -78,40 +70,4 @@ impl WalStore {
     pub fn reset(&mut self) {
         self.store.reset();
     }
-
-    /// The connection with the wal statements prepared on it.
-    pub(super) async fn ready(&mut self) -> Result<()> {
-        let streamed = self.publishes_streamed();
-        let (client, generation, prepare, begin) = self.store.connection().await?;
-        let key = (generation, streamed);
-        if self.statements.as_ref().map(|(k, _)| *k) != Some(key) {
-            // Probed and prepared inside a transaction with the session's settings: `--schema`
-            // resolves.
-            client.batch_execute(begin).await?;
-            let has_kept = match self.marking {
-                WalMarking::Delete => client
-                    .query_typed(HAS_KEPT, &[])
-                    .await?
-                    .first()
-                    .map(|row| row.try_get::<_, bool>("has_kept"))
-                    .transpose()?
-                    .unwrap_or(false),
-                _ => false,
-            };
-            let statements =
-                WalStatements::new(client, prepare, self.marking, key.1, has_kept).await?;
-            client.batch_execute("COMMIT").await?;
-            self.statements = Some((key, statements));
-        }
-        Ok(())
-    }
-}
-
-/// The statements prepared on the store's connection (see [`WalStore::ready`]).
-pub(super) fn prepared(
-    statements: &Option<((u64, bool), WalStatements)>,
-) -> Result<&WalStatements> {
-    statements.as_ref().map(|(_, s)| s).ok_or_else(|| {
-        crate::error::Error::database_state("the connection holding a claimed batch closed")
-    })
 }

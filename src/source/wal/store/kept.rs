@@ -1,7 +1,6 @@
 //! The kept transactions' purge (`--wal-marking delete`, schema version 10): rounds of the
 //! transactions whose published rows the table keeps for their count, those done deleted.
 
-use super::connection::prepared;
 use super::record::done_txids;
 use super::WalStore;
 use crate::error::Result;
@@ -20,12 +19,16 @@ impl WalStore {
     /// after it), `None` when it reached the end; and how many were done. Nothing on an older
     /// schema or with marking.
     pub async fn purge_kept(&mut self, after: &str) -> Result<(Option<String>, usize)> {
-        self.ready().await?;
-        let wal = prepared(&self.statements)?;
+        // Nothing to purge without them: no transaction opened for it.
+        let wal = self.store.theirs().await?;
+        if wal.split.is_none() || wal.kept.is_none() {
+            return Ok((None, 0));
+        }
+        let (claim, wal) = self.store.begin().await?;
         let (Some((_, _, purge)), Some((record_kept, round))) = (&wal.split, &wal.kept) else {
+            claim.rollback().await?;
             return Ok((None, 0));
         };
-        let claim = self.store.begin().await?;
         let client = claim.client();
         let limit = i64::try_from(KEPT_ROUND_TRANSACTIONS).unwrap_or(i64::MAX);
         let candidates = round

@@ -1,12 +1,12 @@
-//! The wal source's statements, prepared on a worker connection (again on each new one): which
-//! ones depend on `--wal-marking` and on what the schema records.
+//! The wal source's statements, prepared on a worker connection when it is opened (with the
+//! table's: [`Prepare`]): which ones depend on `--wal-marking` and on what the schema records.
 
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Client;
 
 use crate::config::WalMarking;
 use crate::error::Result;
-use crate::source::store::Stmt;
+use crate::source::store::{Prepare, Stmt};
 
 const CLAIM_IDS: &str = include_str!("../../../../sql/queries/wal/claim_ids.sql");
 const LOCK_IDS: &str = include_str!("../../../../sql/queries/wal/lock_ids.sql");
@@ -24,6 +24,7 @@ const PURGE_TRANSACTIONS: &str = include_str!("../../../../sql/queries/wal/purge
 const RECORD_RUNS: &str = include_str!("../../../../sql/queries/wal/record_runs.sql");
 const RECORD_KEPT: &str = include_str!("../../../../sql/queries/wal/record_kept.sql");
 const KEPT_ROUND: &str = include_str!("../../../../sql/queries/wal/kept_round.sql");
+const HAS_KEPT: &str = include_str!("../../../../sql/queries/wal/has_kept.sql");
 const TEXTS: &[Type] = &[Type::TEXT_ARRAY];
 const RUNS_TYPES: &[Type] = &[Type::TEXT_ARRAY, Type::INT8_ARRAY, Type::INT8_ARRAY];
 const RECORD_KEPT_TYPES: &[Type] = &[Type::TEXT_ARRAY, Type::TEXT_ARRAY];
@@ -60,13 +61,34 @@ pub(crate) struct WalStatements {
     pub(super) undefer: Stmt,
 }
 
+impl Prepare for WalStatements {
+    type Options = WalMarking;
+
+    /// Probes the schema (in the transaction the store prepares in: `--schema` resolves) and
+    /// prepares the statements `marking` and the schema need.
+    async fn prepare(client: &Client, prepare: bool, marking: &WalMarking) -> Result<Self> {
+        let has_kept = match marking {
+            WalMarking::Delete => client
+                .query_typed(HAS_KEPT, &[])
+                .await?
+                .first()
+                .map(|row| row.try_get::<_, bool>("has_kept"))
+                .transpose()?
+                .unwrap_or(false),
+            _ => false,
+        };
+        WalStatements::new(client, prepare, *marking, has_kept).await
+    }
+}
+
 impl WalStatements {
-    /// `streamed`: prepare `lock_streamed.sql` (it reads version 6's `rewritten`).
-    pub async fn new(
+    /// `lock_streamed.sql` reads version 6's `rewritten`, which every schema the relay runs on
+    /// has ([`crate::migrate::REQUIRED_VERSION`]): prepared with `--wal-marking delete`, used
+    /// when the stream carries content ([`super::WalStore::publishes_streamed`]).
+    async fn new(
         client: &Client,
         prepare: bool,
         marking: WalMarking,
-        streamed: bool,
         has_kept: bool,
     ) -> Result<WalStatements> {
         let (claim, delete, lock_streamed) = match marking {
@@ -77,10 +99,7 @@ impl WalStatements {
                     Stmt::new(client, DELETE_PUBLISHED, TIDS_UUIDS, prepare).await?,
                     Stmt::new(client, DELETE_PUBLISHED_IDS, UUIDS, prepare).await?,
                 )),
-                match streamed {
-                    true => Some(Stmt::new(client, LOCK_STREAMED, SEQS_UUIDS, prepare).await?),
-                    false => None,
-                },
+                Some(Stmt::new(client, LOCK_STREAMED, SEQS_UUIDS, prepare).await?),
             ),
         };
         let split = match marking {

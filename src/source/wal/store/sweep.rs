@@ -8,7 +8,6 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use super::claim::claim_in;
-use super::connection::prepared;
 use super::states::group_candidates;
 use super::{WalRecord, WalStore};
 use crate::error::Result;
@@ -47,9 +46,7 @@ impl WalStore {
         batch: &crate::config::BatchConfig,
     ) -> Result<(Claim<'_>, WalRecord<'_>, SweepInfo)> {
         let (max_rows, max_bytes) = batch.sweep_slice();
-        self.ready().await?;
-        let wal = prepared(&self.statements)?;
-        let mut claim = self.store.begin().await?;
+        let (mut claim, wal) = self.store.begin().await?;
         let client = claim.client();
         // What to serve: the durable record decides, in this transaction.
         let limit = i64::try_from(n).unwrap_or(i64::MAX);
