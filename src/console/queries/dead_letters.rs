@@ -14,7 +14,8 @@ use crate::timestamp::Timestamp;
 const PAGE: &str = include_str!("../../../sql/queries/console/dead_letters_page.sql");
 const PAGE_BEFORE: &str = include_str!("../../../sql/queries/console/dead_letters_page_before.sql");
 const PAGE_DEAD: &str = include_str!("../../../sql/queries/console/dead_letters_page_dead.sql");
-const PAGE_DEAD_BEFORE: &str = include_str!("../../../sql/queries/console/dead_letters_page_dead_before.sql");
+const PAGE_DEAD_BEFORE: &str =
+    include_str!("../../../sql/queries/console/dead_letters_page_dead_before.sql");
 const TOTAL: &str = include_str!("../../../sql/queries/console/dead_letters_total.sql");
 const COUNT: &str = include_str!("../../../sql/queries/console/dead_letters_count.sql");
 const BATCH: &str = include_str!("../../../sql/queries/console/dead_letters_batch.sql");
@@ -78,11 +79,7 @@ pub(crate) async fn page<C: GenericClient + Sync>(
             client.query_typed(sql, &typed(&values, &rest)).await?
         }
         Sort::Dead => {
-            let sql = if before {
-                PAGE_DEAD_BEFORE
-            } else {
-                PAGE_DEAD
-            };
+            let sql = if before { PAGE_DEAD_BEFORE } else { PAGE_DEAD };
             let rest: [(&(dyn ToSql + Sync), Type); 3] = [
                 (&key.dead, Type::TIMESTAMPTZ),
                 (&key.seq, Type::INT8),
