@@ -41,11 +41,11 @@ WITH heads AS (
     RETURNING u.id, u.seq, u.aggregate_type, u.aggregate_id, u.event_type,
               u.payload::text AS payload, u.headers::text AS headers, u.attempts, u.created_at,
               u.txid::text AS txid,
-              true AS eligible, false AS held
+              true AS eligible, false AS held, NULL::uuid AS prev, NULL::text AS tid
 )
 SELECT * FROM marked
 UNION ALL
 SELECT p.id, p.seq, p.aggregate_type, p.aggregate_id, NULL::varchar, NULL::text, NULL::text,
-       NULL::int, NULL::timestamptz, NULL::text, false, true
+       NULL::int, NULL::timestamptz, NULL::text, false, true, NULL::uuid, NULL::text
 FROM plan p
 WHERE NOT p.publish

@@ -36,4 +36,5 @@ RETURNING u.id, u.seq, u.aggregate_type, u.aggregate_id, u.event_type,
                   AND o.aggregate_id >= u.aggregate_id AND o.aggregate_id <= u.aggregate_id
                   AND o.seq < u.seq
                 ORDER BY o.aggregate_id DESC, o.seq DESC
-                LIMIT 1) AS prev
+                LIMIT 1) AS prev,
+          NULL::text AS tid

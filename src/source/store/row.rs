@@ -1,5 +1,7 @@
-//! A claim statement's rows as the relay reads them ([`ClaimedRow`], [`read_claim`]): decoded
-//! by column name, and never a panic or an error for what a row holds (rows are written by raw
+//! A claim statement's rows as the relay reads them ([`ClaimedRow`], [`read_claim`]). Every claim
+//! statement (`table/claim_*.sql`, `table/complete_transactions.sql`, `wal/claim_ids.sql`,
+//! `wal/lock_ids.sql`) returns the same named columns (typed NULLs where one does not apply),
+//! decoded by name only; never a panic or an error for what a row holds (rows are written by raw
 //! SQL too): a value the relay cannot use becomes the event's defect.
 
 use bytes::Bytes;
@@ -23,11 +25,11 @@ pub(crate) struct ClaimedRow {
     pub(super) aggregate: (String, String),
     pub(super) event: Option<OutboxEvent>,
     pub(super) held: bool,
-    /// Where the row is (`ctid`), when the statement returns it (the wal source's lock by id):
-    /// its delete after the acks finds the row there.
+    /// Where the row is (`ctid`; NULL but in the wal source's lock by id, `lock_ids.sql`): its
+    /// delete after the acks finds the row there.
     pub tid: Option<String>,
-    /// The nearest older pending row of its aggregate, when the statement returns it (the wal
-    /// source's claims by id).
+    /// The nearest older pending row of its aggregate (NULL but in the wal source's claims by
+    /// id).
     pub prev: Option<Uuid>,
 }
 
@@ -107,23 +109,13 @@ pub(super) fn claimed_row(row: &Row) -> Result<ClaimedRow> {
             _ => None,
         },
     };
-    // Only `lock_ids.sql` reads it (its last column).
-    let tid = match row.columns().last() {
-        Some(c) if c.name() == "tid" => row.try_get("tid")?,
-        _ => None,
-    };
-    // Only the wal source's claims by id read it (after `held`).
-    let prev = match row.columns().iter().skip(11).any(|c| c.name() == "prev") {
-        true => row.try_get("prev")?,
-        false => None,
-    };
     Ok(ClaimedRow {
         seq,
         aggregate,
         event: Some(event),
         held,
-        tid,
-        prev,
+        tid: row.try_get("tid")?,
+        prev: row.try_get("prev")?,
     })
 }
 
