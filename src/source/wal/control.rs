@@ -1,5 +1,5 @@
-//! The control connection of `--source wal` (leadership, the setup and the slot, the aggregates
-//! the table holds) and a short connection beside it while it waits.
+//! The control connection of `--source wal` (leadership, the setup and the slot, the deferred
+//! aggregates) and a short connection beside it while it waits.
 
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
@@ -36,7 +36,7 @@ const BEGIN_CLAIM: &str = include_str!("../../../sql/queries/table/begin_claim.s
 pub(crate) struct Scan {
     /// The server's WAL insert position after the rows were seen: every one committed before it.
     pub lsn: u64,
-    /// Each aggregate's oldest pending row that may go now, of aggregates not handed to the table.
+    /// Each aggregate's oldest pending row that may go now, of aggregates not deferred.
     pub rows: Vec<(Uuid, AggregateKey)>,
     /// The last aggregate looked at: the next look goes on from there (`None`: from the start).
     pub next: Option<AggregateKey>,
@@ -137,7 +137,7 @@ impl Control {
             }
         });
         client.batch_execute(LISTEN).await?;
-        // What it records (the aggregates handed to the table at start, the slot's catch-up)
+        // What it records (the deferred aggregates at start, the slot's catch-up)
         // commits durably: the slot moves past it.
         client.batch_execute(DURABLE).await?;
         let pid = client.query_typed_one(BACKEND_PID, &[]).await?.try_get(0)?;
@@ -313,9 +313,9 @@ impl Control {
         }
     }
 
-    /// The aggregates handed to the table, and those with a pending row that may not be
-    /// published now (`all_pending`: with any pending row), which are recorded as handed to the
-    /// table before this returns: what the stream then leaves to the table is never known only
+    /// The aggregates deferred, and those with a pending row that may not be
+    /// published now (`all_pending`: with any pending row), which are recorded as deferred
+    /// before this returns: what the stream then leaves to the table is never known only
     /// in memory.
     /// The stream's fallback, first look: up to `limit` aggregates with a pending row, from
     /// `from` on (see `stranded_scan.sql`).
@@ -360,8 +360,8 @@ impl Control {
             .collect()
     }
 
-    /// Hands `keys` to the table (committed when this returns).
-    pub async fn hand_over(&self, keys: &[AggregateKey]) -> Result<()> {
+    /// Defers `keys` (committed when this returns).
+    pub async fn defer(&self, keys: &[AggregateKey]) -> Result<()> {
         let (types, ids): (Vec<&str>, Vec<&str>) =
             keys.iter().map(|(t, i)| (t.as_str(), i.as_str())).unzip();
         self.client

@@ -1,5 +1,5 @@
 //! The pipelined batches of `--source wal`: each step records batch N (delete, failures,
-//! hand-over, COMMIT) while batch N+1 publishes and batch N+2 is claimed, on three connections
+//! deferral, COMMIT) while batch N+1 publishes and batch N+2 is claimed, on three connections
 //! side by side. What to claim, what to publish and how far the slot may confirm is decided by
 //! the pure [`Pipeline`]; this loop performs it and reports what happened.
 
@@ -44,8 +44,8 @@ struct Finishing {
     store: usize,
     open: WalOpen,
     published: Published,
-    /// The aggregates it hands to the table.
-    handed: Vec<AggregateKey>,
+    /// The aggregates it defers.
+    deferring: Vec<AggregateKey>,
 }
 
 /// The batches a step is still busy with, for the word on what a shutdown could not wait for
@@ -89,7 +89,7 @@ impl Progress {
 /// What one step did.
 #[derive(Default)]
 struct Step {
-    /// A batch was recorded: its report and the aggregates it handed to the table.
+    /// A batch was recorded: its report and the aggregates it deferred.
     recorded: Option<(BatchReport, Vec<AggregateKey>)>,
     published: Option<Finishing>,
     claimed: Option<Claimed>,
@@ -97,15 +97,15 @@ struct Step {
 }
 
 impl WalSource<'_> {
-    /// Streams until shutdown (`Ok`) or trouble. `held`: the aggregates the table holds.
+    /// Streams until shutdown (`Ok`) or trouble. `deferred`: the deferred aggregates.
     pub(super) async fn stream(
         &mut self,
         control: &Control,
         mut stream: Stream,
-        held: Vec<AggregateKey>,
+        deferred: Vec<AggregateKey>,
         shutdown: &CancellationToken,
     ) -> std::result::Result<(), Stop> {
-        let mut pipeline = Pipeline::new(held);
+        let mut pipeline = Pipeline::new(deferred);
         // At once: serve what the durable record holds, whoever recorded it.
         let mut sweep_at = Some(Instant::now());
         let mut fallback = Fallback::new(self.source.fallback_interval);
@@ -169,7 +169,7 @@ impl WalSource<'_> {
                         purge_due = more;
                     }
                     let Some(next) = grace.within(self.sweep(&mut pipeline)).await else {
-                        self.abandon("the database to sweep the aggregates handed to the table")
+                        self.abandon("the database to sweep the deferred aggregates")
                             .await;
                         stream.stop().await;
                         return Ok(());
@@ -233,14 +233,14 @@ impl WalSource<'_> {
                 return Ok(());
             };
             let pause_after = std::mem::take(&mut hold);
-            if let Some((report, handed)) = step.recorded {
-                if !handed.is_empty() {
+            if let Some((report, deferred)) = step.recorded {
+                if !deferred.is_empty() {
                     tracing::info!(
-                        aggregates = handed.len(),
-                        "aggregates handed to the table (a failed or held event)"
+                        aggregates = deferred.len(),
+                        "aggregates handed to the table (a failed event, or one not claimed)"
                     );
-                    // At once: an aggregate handed over behind a row no stream carried (or moved
-                    // to another aggregate) may go now; one behind a dead letter or a row held
+                    // At once: an aggregate deferred behind a row no stream carried (or moved
+                    // to another aggregate) may go now; one behind a dead letter or a row locked
                     // elsewhere costs the sweep a look, which then waits for its due time.
                     sweep_at = Some(Instant::now());
                 }
@@ -291,7 +291,7 @@ impl WalSource<'_> {
             let (batch, metrics) = (f.batch, self.metrics);
             let store = &mut self.stores[f.store];
             let record = async {
-                match store.resume(f.open, f.handed) {
+                match store.resume(f.open, f.deferring) {
                     Ok((claim, record)) => f
                         .published
                         .finish_with(claim, metrics, record)
@@ -376,12 +376,12 @@ impl WalSource<'_> {
         let record = async {
             let (f, store) = (finishing?, fin_s?);
             Progress::begin(&progress.recording, f.batch);
-            let result = match store.resume(f.open, f.handed.clone()) {
+            let result = match store.resume(f.open, f.deferring.clone()) {
                 Ok((claim, record)) => f.published.finish_with(claim, metrics, record).await,
                 Err(e) => Err(e),
             };
             Progress::end(&progress.recording);
-            Some((f.batch, result.map(|report| (report, f.handed))))
+            Some((f.batch, result.map(|report| (report, f.deferring))))
         };
         let publish = async {
             let ((c, groups), store) = (publishing?, pub_s?);
@@ -450,13 +450,13 @@ impl WalSource<'_> {
             match result {
                 Ok((open, published)) if !failed => {
                     let acked: HashSet<Uuid> = published.acked().iter().copied().collect();
-                    let handed = pipeline.settled(batch, &acked);
+                    let deferring = pipeline.settled(batch, &acked);
                     step.published = Some(Finishing {
                         batch,
                         store,
                         open,
                         published,
-                        handed,
+                        deferring,
                     });
                 }
                 result => {

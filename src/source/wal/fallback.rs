@@ -1,14 +1,14 @@
 //! The stream's fallback, as the table source has its fallback ticker for missed notifications:
 //! every `--fallback-interval`, pending rows the slot has already passed without the stream
 //! carrying them (a publication changed for a moment, a row changed by hand, a defect) are found
-//! and their aggregates handed to the table, which publishes them in seq order.
+//! and their aggregates deferred, which publishes them in seq order.
 //!
 //! A look notes the server's WAL position `L` after seeing, per aggregate, its oldest pending row
-//! that may go now (of aggregates not handed to the table). Every such row committed before `L`.
+//! that may go now (of aggregates not deferred). Every such row committed before `L`.
 //! Once the pipeline has confirmed `L` or past it, the stream has carried and resolved everything
 //! committed before it: a noted row that is still pending, not in the pipeline, and whose
-//! aggregate the table does not hold was in no stream. Its aggregate is recorded as handed to the
-//! table (committed first), with a warning and `outbox_wal_stranded_events`. The looks go round the
+//! aggregate not deferred was in no stream. Its aggregate is recorded as deferred
+//! (committed first), with a warning and `outbox_wal_stranded_events`. The looks go round the
 //! pending aggregates, at most [`SCAN_AGGREGATES`] each, so a stranded row is found within two
 //! intervals of the slot passing it while fewer aggregates than that have pending rows, at a
 //! bounded cost per interval whatever the backlog.
@@ -55,13 +55,13 @@ pub(super) fn suspects(scan: &Scan, pipeline: &Pipeline) -> Vec<Uuid> {
     let tracked = pipeline.tracked();
     scan.rows
         .iter()
-        .filter(|(id, key)| !tracked.contains(id) && !pipeline.held().contains(key))
+        .filter(|(id, key)| !tracked.contains(id) && !pipeline.deferred().contains(key))
         .map(|(id, _)| *id)
         .collect()
 }
 
 impl WalSource<'_> {
-    /// A look of the fallback (see the module doc). `true`: aggregates were handed to the table
+    /// A look of the fallback (see the module doc). `true`: aggregates were deferred
     /// (sweep now).
     pub(super) async fn look_for_stranded(
         &mut self,
@@ -70,7 +70,7 @@ impl WalSource<'_> {
         fallback: &mut Fallback,
     ) -> Result<bool> {
         fallback.due = Instant::now() + fallback.interval;
-        let mut handed = false;
+        let mut deferred = false;
         if let Some(scan) = fallback.scan.take() {
             if pipeline.confirmed() < scan.lsn {
                 // Not passed yet: the same rows are looked at once it is.
@@ -84,8 +84,8 @@ impl WalSource<'_> {
                     let keys: BTreeSet<AggregateKey> =
                         stranded.iter().map(|(_, k)| k.clone()).collect();
                     let keys: Vec<AggregateKey> = keys.into_iter().collect();
-                    control.hand_over(&keys).await?;
-                    pipeline.hand_over(keys.iter().cloned());
+                    control.defer(&keys).await?;
+                    pipeline.defer(keys.iter().cloned());
                     self.metrics.wal_stranded.inc_by(stranded.len() as u64);
                     tracing::warn!(
                         events = stranded.len(),
@@ -93,7 +93,7 @@ impl WalSource<'_> {
                         event_id = %first,
                         "pending events that the replication slot had passed were in no stream (a publication changed for a moment, or rows changed by hand): their aggregates go to the table, which publishes them in seq order"
                     );
-                    handed = true;
+                    deferred = true;
                 }
             }
         }
@@ -102,6 +102,6 @@ impl WalSource<'_> {
             .await?;
         fallback.next = scan.next.clone();
         fallback.scan = (!scan.rows.is_empty()).then_some(scan);
-        Ok(handed)
+        Ok(deferred)
     }
 }

@@ -217,18 +217,18 @@ impl WalSource<'_> {
             };
             marked?;
         }
-        let Some(held) = self
+        let Some(deferred) = self
             .on_control(
                 control,
                 shutdown,
-                "reading the aggregates handed to the table",
+                "reading the deferred aggregates",
                 control.deferred(created),
             )
             .await
         else {
             return Ok(());
         };
-        let held = held?;
+        let deferred = deferred?;
         self.table
             .now(state.published.table_oid, &state.published.schema);
         let buffer = self.batch.stream_buffer();
@@ -255,7 +255,7 @@ impl WalSource<'_> {
                 return Err(Stop::from(e));
             }
         };
-        tracing::info!(slot = %self.slot, publication = %state.publication, deferred_aggregates = held.len(), "streaming from the replication slot");
+        tracing::info!(slot = %self.slot, publication = %state.publication, deferred_aggregates = deferred.len(), "streaming from the replication slot");
         self.metrics.wal_streaming.set(1);
         self.health.set_stream(true);
         // The stream stops (as at shutdown) when a check of the setup calls for it.
@@ -263,7 +263,7 @@ impl WalSource<'_> {
         let slot = self.slot.clone();
         let (result, (recheck, interrupted)) = tokio::join!(
             async {
-                let result = self.stream(control, stream, held, &watched).await;
+                let result = self.stream(control, stream, deferred, &watched).await;
                 watched.cancel();
                 result
             },

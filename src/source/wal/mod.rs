@@ -5,18 +5,18 @@
 //!   the slot (creating it, and catching up from the table behind a new one), start the stream.
 //! - `driver`: the pipelined batches (one recorded while the next publishes and the one after is
 //!   claimed), performing what `pipeline` decides.
-//! - `pipeline`: the pure state machine of streamed rows, batches in flight, the aggregates the
-//!   table holds and the position the slot may confirm.
+//! - `pipeline`: the pure state machine of streamed rows, batches in flight, the deferred
+//!   aggregates and the position the slot may confirm.
 //! - `publication`: whether this outbox's publication publishes every insert of its table, and
 //!   how `migrate --wal` makes it so.
 //! - `store`: the worker connections' claims by id, sweeps and records; `control`: the control
-//!   connection (leadership, the slot, the aggregates the table holds).
+//!   connection (leadership, the slot, the deferred aggregates).
 //! - `stream` (with `pgoutput`): the replication connection, decoded as it arrives into the few
 //!   facts the pipeline needs.
-//! - `sweep`: publishes the events of aggregates the table holds, in seq order, and takes them
+//! - `sweep`: publishes the events of deferred aggregates, in seq order, and takes them
 //!   back once none is pending.
 //! - `fallback`: every `--fallback-interval`, finds pending rows the slot passed that no stream
-//!   carried, and hands their aggregates to the table.
+//!   carried, and defers their aggregates.
 
 mod assemble;
 pub(crate) mod control;
@@ -69,7 +69,7 @@ impl From<Error> for Stop {
 pub(crate) struct WalSource<'a> {
     pub batch: &'a BatchConfig,
     pub retry: &'a RetryConfig,
-    /// `fallback_interval`: the longest wait for a sweep of the aggregates handed to the table.
+    /// `fallback_interval`: the longest wait for a sweep of the deferred aggregates.
     pub source: &'a SourceConfig,
     /// The control and replication connections' URL (direct, never pooled; the schema in the
     /// session).

@@ -1,4 +1,4 @@
-//! The sweep of the aggregates the table holds: their pending events go out from the table in
+//! The sweep of the deferred aggregates: their pending events go out from the table in
 //! seq order (as the table source publishes them), and an aggregate with no pending event left
 //! goes back to the stream, in the same transaction.
 
@@ -12,7 +12,7 @@ use super::WalSource;
 use crate::event::AggregateKey;
 use crate::source::batch::run_claim_with;
 
-/// Aggregates held by the table looked at per sweep.
+/// deferred aggregates looked at per sweep.
 const SWEEP_AGGREGATES: usize = 100;
 
 /// The least time the stream has between two sweeps that found more to publish. Between them it
@@ -57,14 +57,14 @@ impl WalSource<'_> {
         }
     }
 
-    /// Sweeps a round of the aggregates the table holds, as `outbox_wal_deferred` records them
+    /// Sweeps a round of the deferred aggregates, as `outbox_wal_deferred` records them
     /// (whoever recorded them): publishes what may go now and takes back those left with nothing
     /// pending. Errors are logged; the sweep comes again. Returns when the next sweep is due (at
-    /// the latest a fallback interval on: a hand-over recorded by another is found then).
+    /// the latest a fallback interval on: a deferral recorded by another is found then).
     pub(super) async fn sweep(&mut self, pipeline: &mut Pipeline) -> Option<Instant> {
         let started = Instant::now();
-        let mut taken_back = Vec::new();
-        let mut handed = Vec::new();
+        let mut undeferred = Vec::new();
+        let mut deferred = Vec::new();
         let mut next_due = None;
         let mut served = 0;
         let (batch, retry) = (self.batch, self.retry);
@@ -83,8 +83,8 @@ impl WalSource<'_> {
                 next_due = info.next_due;
                 served = info.served.len();
                 // Rows found moved to another aggregate are recorded with it: memory learns it.
-                handed.clone_from(&record.defer);
-                let taken_back = &mut taken_back;
+                deferred.clone_from(&record.defer);
+                let undeferred = &mut undeferred;
                 run_claim_with(
                     retry,
                     publisher,
@@ -95,8 +95,8 @@ impl WalSource<'_> {
                     // hold wait for what the stream brought before them.
                     Some(&*pipeline),
                     |published, claim| {
-                        // Taken back: the aggregates whose every pending row was in this sweep and
-                        // went out. Not those stopped at a row held elsewhere or not eligible, nor
+                        // Undeferred: the aggregates whose every pending row was in this sweep and
+                        // went out. Not those stopped at a row locked elsewhere or not eligible, nor
                         // those with a failure.
                         let mut not_out: HashSet<AggregateKey> =
                             published.unsettled.iter().cloned().collect();
@@ -111,7 +111,7 @@ impl WalSource<'_> {
                         record
                             .undefer
                             .extend(info.complete.into_iter().filter(|k| out.contains(k)));
-                        taken_back.clone_from(&record.undefer);
+                        undeferred.clone_from(&record.undefer);
                         record
                     },
                 )
@@ -122,8 +122,8 @@ impl WalSource<'_> {
         let now = Instant::now();
         match result {
             Ok(report) => {
-                pipeline.hand_over(handed);
-                pipeline.taken_back(&taken_back);
+                pipeline.defer(deferred);
+                pipeline.undefer(&undeferred);
                 if report.broker_failures == 0 {
                     self.trouble.reset();
                 }
@@ -148,7 +148,7 @@ impl WalSource<'_> {
             Err(e) => {
                 self.recover(&e);
                 let delay = self.trouble_delay();
-                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "sweep of the aggregates handed to the table failed");
+                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "sweep of the deferred aggregates failed");
                 Some(now + delay)
             }
         }

@@ -9,21 +9,21 @@ use crate::source::store::{CommitOrder, TakenOrder};
 
 impl Pipeline {
     /// The row at stream `index` has had its fate decided by its batch: published, gone, or with
-    /// the table (its aggregate handed over, the row visible there).
+    /// the table (its aggregate deferred, the row visible there).
     fn decided(&self, index: u64, t: &Tracked) -> bool {
         t.batch
             .and_then(|b| self.flights.iter().find(|f| f.id == b))
             .and_then(|f| f.fate_of(index))
-            .is_some_and(|f| matches!(f, Fate::Published | Fate::Done | Fate::Table))
+            .is_some_and(|f| matches!(f, Fate::Published | Fate::Done | Fate::Deferred))
     }
 
-    /// The table holds `key`, or a batch in flight hands it over.
+    /// `key` is deferred, or a batch in flight defers it.
     fn with_table(&self, key: &AggregateKey) -> bool {
-        (!self.held.is_empty() && self.held.contains(key))
+        (!self.deferred.is_empty() && self.deferred.contains(key))
             || self
                 .flights
                 .iter()
-                .any(|f| !f.handed.is_empty() && f.handed.contains(key))
+                .any(|f| !f.deferring.is_empty() && f.deferring.contains(key))
     }
 }
 
@@ -33,7 +33,7 @@ impl Pipeline {
 /// (published, gone, with the table): streamed before it, it committed before it, and may not be
 /// visible yet, which the completion's own check cannot see. A taken row the stream has not
 /// brought (a restart streams again from the slot's position, the sweep may run first) waits
-/// unless the table holds its aggregate, whose order is the table's; then only while a streamed
+/// unless its aggregate is deferred, whose order is the table's; then only while a streamed
 /// row of that aggregate is undecided, as the sweep freezes such aggregates. Taken rows the
 /// stream brought join their groups in stream order. Asked only when a completion took rows:
 /// one walk over the rows streamed.

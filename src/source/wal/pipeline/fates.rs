@@ -36,7 +36,7 @@ impl Pipeline {
         let Some(at) = self.flight_index(batch) else {
             return;
         };
-        let held = &self.held;
+        let deferred = &self.deferred;
         let rows = &self.rows;
         // The rows this pipeline knows, with the aggregate the stream carried: streamed and not
         // resolved, or resolved by the last records (a claim that ran beside a record saw their
@@ -56,7 +56,7 @@ impl Pipeline {
         let streamed_to = self.streamed_to;
         let flight = &mut self.flights[at];
         // Per aggregate: after a row not visible, the rest is carried; after one pending, or when
-        // the table holds the aggregate, the rest goes to the table (if visible).
+        // the aggregate is deferred, the rest goes to the table (if visible).
         let mut carrying: HashSet<&AggregateKey> = HashSet::new();
         let mut to_table: HashSet<&AggregateKey> = HashSet::new();
         // Aggregates whose carry began with a row waiting for the stream: what it waits for (the
@@ -93,7 +93,7 @@ impl Pipeline {
             } else if state == Found::Claimed
                 && behind_unknown(&row.id, key)
                 && !in_set(&to_table)
-                && (held.is_empty() || !held.contains(key))
+                && (deferred.is_empty() || !deferred.contains(key))
                 && streamed_to < since()
             {
                 // Behind a row not streamed yet, perhaps one committed after it: it waits until
@@ -108,15 +108,15 @@ impl Pipeline {
                 Fate::Carry
             } else if state == Found::Pending
                 || in_set(&to_table)
-                || (!held.is_empty() && held.contains(key))
+                || (!deferred.is_empty() && deferred.contains(key))
                 || behind_unknown(&row.id, key)
             {
                 to_table.insert(key);
-                flight.handed.insert(key.clone());
+                flight.deferring.insert(key.clone());
                 if let Some(to) = (!moved.is_empty()).then(|| moved.get(&row.id)).flatten() {
-                    flight.handed.insert(to.clone());
+                    flight.deferring.insert(to.clone());
                 }
-                Fate::Table
+                Fate::Deferred
             } else {
                 Fate::Publish
             };
@@ -162,8 +162,8 @@ impl Pipeline {
                 .and_then(|b| earlier.iter().find(|f| f.id == b))
                 .and_then(|f| f.fate_of(*index));
             let blocks = match fate {
-                // With the table: its aggregate is handed over (`handed`).
-                Some(Fate::Published | Fate::Done | Fate::Table) => false,
+                // With the table: its aggregate is deferred (`deferring`).
+                Some(Fate::Published | Fate::Done | Fate::Deferred) => false,
                 // Waiting, carried, in a later batch, or not settled.
                 _ => true,
             };
@@ -173,11 +173,11 @@ impl Pipeline {
                     .or_insert((*index, t.park));
             }
         }
-        let handed = |key: &AggregateKey| {
-            (!self.held.is_empty() && self.held.contains(key))
+        let is_deferred = |key: &AggregateKey| {
+            (!self.deferred.is_empty() && self.deferred.contains(key))
                 || earlier
                     .iter()
-                    .any(|f| !f.handed.is_empty() && f.handed.contains(key))
+                    .any(|f| !f.deferring.is_empty() && f.deferring.contains(key))
         };
         let mut groups: Vec<Vec<Uuid>> = Vec::new();
         let mut group_of: HashMap<&AggregateKey, usize> = HashMap::new();
@@ -198,9 +198,9 @@ impl Pipeline {
                 if let Some(park) = park {
                     parks.push((*index, *park));
                 }
-            } else if handed(&row.aggregate) {
-                *fate = Fate::Table;
-                flight.handed.insert(row.aggregate.clone());
+            } else if is_deferred(&row.aggregate) {
+                *fate = Fate::Deferred;
+                flight.deferring.insert(row.aggregate.clone());
             } else {
                 match group_of.get(&row.aggregate) {
                     Some(&g) => groups[g].push(row.id),
@@ -221,7 +221,7 @@ impl Pipeline {
     }
 
     /// The outcome of `batch`'s publish: `published` were acked; the others of its groups were
-    /// not (failed, or held back behind a failure): their aggregates go to the table. Returns the
+    /// not (failed, or put back behind a failure): their aggregates go to the table. Returns the
     /// aggregates the batch hands to the table (to record with it).
     pub fn settled<S: BuildHasher>(
         &mut self,
@@ -239,22 +239,22 @@ impl Pipeline {
                 if published.contains(&row.id) {
                     *fate = Fate::Published;
                 } else {
-                    *fate = Fate::Table;
-                    flight.handed.insert(row.aggregate.clone());
+                    *fate = Fate::Deferred;
+                    flight.deferring.insert(row.aggregate.clone());
                 }
             }
         }
-        let held = &self.held;
+        let deferred = &self.deferred;
         flight
-            .handed
+            .deferring
             .iter()
-            .filter(|k| !held.contains(*k))
+            .filter(|k| !deferred.contains(*k))
             .cloned()
             .collect()
     }
 
     /// `batch` (the oldest in flight) is recorded and committed: its rows are resolved or back in
-    /// the queue (carried), the aggregates it handed over are with the table.
+    /// the queue (carried), the aggregates it deferred are with the table.
     pub fn recorded(&mut self, batch: BatchId) {
         if self.flights.front().map(|f| f.id) != Some(batch) {
             return;
@@ -269,7 +269,7 @@ impl Pipeline {
         resolved.clear();
         for (i, index) in flight.rows.iter().enumerate() {
             match flight.fate.get(i) {
-                Some(Fate::Published | Fate::Table | Fate::Done) => {
+                Some(Fate::Published | Fate::Deferred | Fate::Done) => {
                     if let Some(t) = self.rows.remove(index) {
                         resolved.push((t.row.id, t.row.aggregate));
                     }
@@ -278,7 +278,7 @@ impl Pipeline {
             }
         }
         self.recent.push_back(resolved);
-        self.held.extend(flight.handed);
+        self.deferred.extend(flight.deferring);
     }
 
     /// `batch` failed (its claim, publish or record): it and every batch after it go again (their

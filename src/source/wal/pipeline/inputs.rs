@@ -62,7 +62,7 @@ pub(crate) enum Found {
     NotVisible,
     /// Published already (a replay), or deleted.
     Done,
-    /// Pending but not claimed: held by another session, waiting for a retry, dead-lettered.
+    /// Pending but not claimed: locked elsewhere, waiting for a retry, dead-lettered.
     /// Its aggregate goes to the table.
     Pending,
 }
@@ -77,12 +77,12 @@ pub(crate) struct Cut {
     pub rows: Vec<Candidate>,
 }
 
-/// A sweep of aggregates the table holds.
+/// A sweep of deferred aggregates.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Round {
     pub aggregates: Vec<AggregateKey>,
     /// Of those, aggregates with a streamed row not resolved yet: none of their rows may be
-    /// published by the sweep (that row may be older and not visible), but they may be taken back
+    /// published by the sweep (that row may be older and not visible), but they may be undeferred
     /// when the table holds no pending row of them.
     pub frozen: HashSet<AggregateKey>,
 }

@@ -1,11 +1,11 @@
 //! The wal source's pipeline as a pure state machine: what the stream has sent, which rows are in
-//! which batch, which aggregates the table holds, and how far the slot may confirm. The async
+//! which batch, which deferred aggregates, and how far the slot may confirm. The async
 //! driver (`driver`) performs what it decides (claim, publish, record, sweep, confirm) and feeds
 //! the results back; nothing here does I/O.
 //!
 //! A streamed row leaves the pipeline only when it is *resolved*:
 //! - published (acked, and its batch recorded), or gone already (published before, or deleted);
-//! - or with the table: its aggregate is handed to the table in a recorded transaction and the row
+//! - or with the table: its aggregate is deferred in a recorded transaction and the row
 //!   is known to be visible there (a claim locked it), so the table's sweep will find it.
 //!
 //! A row whose transaction is not visible yet (a commit streams a moment before it becomes
@@ -19,7 +19,7 @@
 //!
 //! Order by proof: a row leaves the stream's order (to the table) only when something proves that
 //! no earlier-committing row of its aggregate can still arrive: the claim found the older row
-//! pending (held elsewhere, dead-lettered), the table holds the aggregate already, or the stream
+//! pending (locked elsewhere, dead-lettered), the aggregate is deferred already, or the stream
 //! passed the WAL position the claim read after seeing an older row it had not brought. While
 //! the stream has not, the row is parked outside the read-ahead (its content dropped, claimed
 //! again when the stream brings that row or passes the position), so waiting never stops the
@@ -49,7 +49,7 @@ enum Fate {
     /// Acked.
     Published,
     /// Its aggregate is with the table, and the row is visible there.
-    Table,
+    Deferred,
     Done,
     /// Back to the queue when the batch ends.
     Carry,
@@ -71,7 +71,7 @@ struct Flight {
     /// Each row's fate (beside `rows`), once the claim decided it.
     fate: Vec<Fate>,
     /// Aggregates this batch hands to the table when it is recorded.
-    handed: BTreeSet<AggregateKey>,
+    deferring: BTreeSet<AggregateKey>,
 }
 
 impl Flight {
@@ -118,8 +118,8 @@ pub(crate) struct Pipeline {
     /// position outside a transaction.
     streamed_to: u64,
     confirmed: u64,
-    /// Aggregates the table holds (recorded in `outbox_wal_deferred`).
-    held: BTreeSet<AggregateKey>,
+    /// The deferred aggregates (recorded in `outbox_wal_deferred`).
+    deferred: BTreeSet<AggregateKey>,
     /// Where the last sweep round stopped (the last aggregate it served).
     cursor: Option<AggregateKey>,
     /// Batches in flight, oldest first.
@@ -147,10 +147,10 @@ pub(crate) struct Pipeline {
 }
 
 impl Pipeline {
-    /// Starts with the aggregates the table holds.
-    pub fn new(held: impl IntoIterator<Item = AggregateKey>) -> Pipeline {
+    /// Starts with the deferred aggregates.
+    pub fn new(deferred: impl IntoIterator<Item = AggregateKey>) -> Pipeline {
         Pipeline {
-            held: held.into_iter().collect(),
+            deferred: deferred.into_iter().collect(),
             ..Pipeline::default()
         }
     }
@@ -225,9 +225,9 @@ impl Pipeline {
         self.flight_index(batch).is_some()
     }
 
-    /// Aggregates the table holds.
-    pub fn held(&self) -> &BTreeSet<AggregateKey> {
-        &self.held
+    /// The deferred aggregates.
+    pub fn deferred(&self) -> &BTreeSet<AggregateKey> {
+        &self.deferred
     }
 
     /// The position the slot was last told to confirm: every row committed before it is resolved.
@@ -240,10 +240,10 @@ impl Pipeline {
         self.rows.values().map(|t| t.row.id).collect()
     }
 
-    /// Aggregates handed to the table outside a batch (recorded already: the stream's fallback
+    /// Aggregates deferred outside a batch (recorded already: the stream's fallback
     /// found rows of them that no stream carried).
-    pub fn hand_over(&mut self, keys: impl IntoIterator<Item = AggregateKey>) {
-        self.held.extend(keys);
+    pub fn defer(&mut self, keys: impl IntoIterator<Item = AggregateKey>) {
+        self.deferred.extend(keys);
     }
 
     /// Takes the rows waiting for a batch, in stream order: at most `max_rows` and `max_bytes`
@@ -296,7 +296,7 @@ impl Pipeline {
             stage: Stage::Claiming,
             rows: taken,
             fate: Vec::new(),
-            handed: BTreeSet::new(),
+            deferring: BTreeSet::new(),
         });
         Some(Cut { batch: id, rows })
     }

@@ -1,4 +1,4 @@
-//! The sweep's rounds over the aggregates the table holds, as the durable record says.
+//! The sweep's rounds over the deferred aggregates, as the durable record says.
 
 use foldhash::{HashSet, HashSetExt};
 
@@ -12,15 +12,15 @@ impl Pipeline {
         self.cursor.clone().unwrap_or_default()
     }
 
-    /// A sweep serves `aggregates`, read from the durable record, which decides: they are held
-    /// by the table whoever recorded them (this relay, another, a script), and memory, only a
+    /// A sweep serves `aggregates`, read from the durable record, which decides: they are deferred
+    /// whoever recorded them (this relay, another, a script), and memory, only a
     /// cache of that record, learns them. Those of which a streamed row is not resolved yet are
     /// frozen.
     pub fn serve(&mut self, aggregates: Vec<AggregateKey>) -> Round {
         if let Some(last) = aggregates.last() {
             self.cursor = Some(last.clone());
         }
-        self.held.extend(aggregates.iter().cloned());
+        self.deferred.extend(aggregates.iter().cloned());
         let frozen = match aggregates.is_empty() {
             true => HashSet::new(),
             false => {
@@ -36,10 +36,10 @@ impl Pipeline {
         Round { aggregates, frozen }
     }
 
-    /// A sweep's transaction took these aggregates back (the table has no pending row of them).
-    pub fn taken_back(&mut self, aggregates: &[AggregateKey]) {
+    /// A sweep's transaction undeferred these aggregates (the table has no pending row of them).
+    pub fn undefer(&mut self, aggregates: &[AggregateKey]) {
         for key in aggregates {
-            self.held.remove(key);
+            self.deferred.remove(key);
         }
     }
 }

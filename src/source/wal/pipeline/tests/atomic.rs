@@ -45,7 +45,7 @@ fn rows_a_completion_takes_wait_for_what_the_stream_brought_before_them() {
         "not brought by the stream yet"
     );
     assert!(!order.wait.contains(&with_table), "the table's order");
-    // T held: A is not published, its aggregate goes to the table.
+    // T postponed: A is not published, its aggregate goes to the table.
     assert_eq!(p.settled(cut.batch, &HashSet::new()), [key(0)]);
     p.recorded(cut.batch);
 

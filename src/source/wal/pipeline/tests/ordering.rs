@@ -34,7 +34,7 @@ fn a_row_not_visible_is_carried_while_its_aggregate_goes_to_the_table_and_back()
     // stream holds a row of it).
     let round = p.serve(vec![key(0)]);
     assert!(round.frozen.contains(&key(0)));
-    p.taken_back(&round.aggregates);
+    p.undefer(&round.aggregates);
     // Visible now: it goes out from the stream.
     let cut = p.cut(10, 10).expect("claimed again");
     p.claimed(

@@ -2,25 +2,25 @@
 
 use super::*;
 
-/// What a round serves comes from the durable record: an aggregate this pipeline never handed over
+/// What a round serves comes from the durable record: an aggregate this pipeline never deferred
 /// (recorded by another relay, a script, or with rows the sweep found moved) is learnt, and the
-/// next round starts after the last one served, among thousands held.
+/// next round starts after the last one served, among thousands deferred.
 #[test]
 fn a_round_serves_what_the_record_says_and_memory_learns_it() {
-    let held: Vec<AggregateKey> = (0..5_000)
+    let deferred: Vec<AggregateKey> = (0..5_000)
         .map(|i| ("order".into(), format!("h{i:05}")))
         .collect();
-    let mut p = Pipeline::new(held.iter().cloned());
+    let mut p = Pipeline::new(deferred.iter().cloned());
     assert_eq!(
         p.cursor(),
         AggregateKey::default(),
         "the first round starts at the start"
     );
     let stranger: AggregateKey = ("order".into(), "m7".into());
-    assert!(!p.held().contains(&stranger));
-    let round = p.serve(vec![held[4_321].clone(), stranger.clone()]);
+    assert!(!p.deferred().contains(&stranger));
+    let round = p.serve(vec![deferred[4_321].clone(), stranger.clone()]);
     assert!(round.frozen.is_empty());
-    assert!(p.held().contains(&stranger), "memory learns the record");
+    assert!(p.deferred().contains(&stranger), "memory learns the record");
     assert_eq!(
         p.cursor(),
         stranger,
@@ -30,6 +30,6 @@ fn a_round_serves_what_the_record_says_and_memory_learns_it() {
     let round = p.serve(Vec::new());
     assert_eq!(round, Round::default());
     assert_eq!(p.cursor(), stranger);
-    p.taken_back(std::slice::from_ref(&stranger));
-    assert!(!p.held().contains(&stranger));
+    p.undefer(std::slice::from_ref(&stranger));
+    assert!(!p.deferred().contains(&stranger));
 }

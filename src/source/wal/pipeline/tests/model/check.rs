@@ -6,12 +6,12 @@ impl World {
     /// After every step.
     pub(super) fn check(&self, p: &Pipeline) {
         // Nothing the slot confirmed past is known only in memory: each such streamed row is
-        // processed, or pending and visible in the table with its aggregate held by the table
+        // processed, or pending and visible in the table with its aggregate deferred
         // (rows changed by hand after their commit are the fallback's to find).
-        let held: HashSet<u32> = self.deferred.iter().map(agg).collect();
+        let deferred_aggs: HashSet<u32> = self.deferred.iter().map(agg).collect();
         for (i, r) in self.rows.iter().enumerate() {
             if r.end <= self.confirmed && r.streamed && r.moved_at.is_none() && !r.deleted {
-                let with_table = r.visible && held.contains(&r.aggregate);
+                let with_table = r.visible && deferred_aggs.contains(&r.aggregate);
                 assert!(
                     r.processed || with_table,
                     "row {i} ({r:?}) lost: the slot confirmed {} past it",
@@ -21,9 +21,9 @@ impl World {
         }
         // The pipeline's idea of the table's aggregates is the table's.
         assert_eq!(
-            p.held(),
+            p.deferred(),
             &self.deferred,
-            "the aggregates held by the table in memory and in the record differ"
+            "the deferred aggregates in memory and in the record differ"
         );
         // First publications per aggregate in commit order, among the rows written as they are.
         // A row moved to another aggregate by hand joins that aggregate's order when the claim
@@ -91,7 +91,7 @@ impl World {
                 && self.batches.is_empty()
                 && self.sweeping.is_none()
                 && p.in_flight() == 0
-                && p.held().is_empty()
+                && p.deferred().is_empty()
                 && self.confirmed == self.wal
                 && self.rows.iter().all(|r| r.processed || r.deleted);
             if done {
@@ -134,7 +134,7 @@ impl World {
                 "retried dead letter {i} never published"
             );
         }
-        assert!(p.held().is_empty(), "aggregates left with the table");
+        assert!(p.deferred().is_empty(), "aggregates left with the table");
         assert_eq!(p.in_flight(), 0);
         assert_eq!(
             self.confirmed, self.wal,

@@ -11,7 +11,7 @@
 //!   sessions, rows moved to another aggregate or deleted by hand after their commit, retries
 //!   falling due, attempts running out (dead letters), operators retrying and discarding dead
 //!   letters, aggregates blocked behind dead heads;
-//! - sweeps of the aggregates the table holds (chosen from the durable record, those behind a dead
+//! - sweeps of the deferred aggregates (chosen from the durable record, those behind a dead
 //!   head skipped), with the world changing between a round's read and its claim (rows moved,
 //!   deleted, locked by hand while they are swept); the stream's fallback; and crashes: the relay
 //!   restarting (or another one taking over) with only what is durable (the rows,
@@ -19,8 +19,8 @@
 //!   rebuilt from the database and the stream sent again from the confirmed position.
 //!
 //! After every step: nothing the slot confirmed past is known only in memory (each such streamed
-//! row is published, or pending and visible with its aggregate recorded as held by the table);
-//! the pipeline's held aggregates are the recorded ones; no discarded row is published; and per
+//! row is published, or pending and visible with its aggregate recorded as deferred);
+//! the pipeline's deferred aggregates are the recorded ones; no discarded row is published; and per
 //! aggregate the first publications follow commit order, except where the table publishes (seq
 //! order, seeing only visible rows) an aggregate that had a failure, a lock, a row in no stream
 //! or a row moved: the table may take only those. At the end, with every trouble gone, every row
@@ -31,7 +31,7 @@
 //! On d1b5758, before issue 45's fixes, the model finds its items 1 (the busy stream's scenario:
 //! commit order reversed), 2 (the next-round test: a retried dead letter waits up to a round per
 //! 100 aggregates blocked) and 6 (the moved-while-swept scenario, and the random interleavings
-//! within a few runs: an aggregate recorded as held that memory never learns, never swept).
+//! within a few runs: an aggregate recorded as deferred that memory never learns, never swept).
 
 mod check;
 mod runs;
@@ -226,7 +226,7 @@ struct Batch {
     id: BatchId,
     rows: Vec<Uuid>,
     claimed: bool,
-    /// Published: the rows acked and the failures to record, with the aggregates handed over.
+    /// Published: the rows acked and the failures to record, with the aggregates deferred.
     published: Option<(Vec<Uuid>, Vec<Uuid>, Vec<AggregateKey>)>,
 }
 
@@ -245,7 +245,7 @@ struct Swept {
 /// one is for).
 #[derive(Debug, Clone, Copy)]
 struct Defences {
-    /// Aggregates found held at start are recorded (deferred.sql).
+    /// Aggregates found deferred at start are recorded (deferred.sql).
     record_at_start: bool,
     /// The claim reports rows behind an older pending row (`prev`) and moved rows.
     claim_checks: bool,

@@ -42,7 +42,7 @@ fn without_any_one_defence_the_model_finds_a_defect() {
     use proptest::test_runner::{Config, RngAlgorithm, TestError, TestRng, TestRunner};
     for (name, defences) in [
         (
-            "aggregates found held at start recorded",
+            "aggregates found deferred at start recorded",
             Defences {
                 record_at_start: false,
                 ..ALL

@@ -90,7 +90,7 @@ fn the_model_keeps_commit_order_with_three_writers_committing_out_of_seq_order()
 /// Rows moved by hand while their aggregate is swept (issue 45, item 6): aggregate 0 is with the
 /// table behind a dead head (row 0) that an operator discards; a sweep round reads its rows, a
 /// script moves the oldest (row 1) to aggregate 1, the round's claim finds it moved: aggregate 1
-/// is recorded as held and served (memory learns it), without a restart.
+/// is recorded as deferred and served (memory learns it), without a restart.
 #[test]
 fn the_model_serves_rows_moved_while_their_aggregate_is_swept() {
     let (mut w, mut p) = (World::new(ALL), Pipeline::new([]));
@@ -115,7 +115,7 @@ fn the_model_serves_rows_moved_while_their_aggregate_is_swept() {
 
 /// A relay (re)started with `n` aggregates blocked behind dead letters (a row behind each), as an
 /// earlier relay left them: every commit resolved, the heads dead, their aggregates recorded as
-/// held, the slot past them.
+/// deferred, the slot past them.
 fn blocked_backlog(n: u32) -> (World, Pipeline) {
     let mut w = World::new(ALL);
     w.round = 100;
@@ -176,10 +176,10 @@ proptest! {
             let (head, tail) = (w.first.contains(&row(a)), w.first.contains(&(row(a) + 1)));
             if retried.contains(&a) {
                 prop_assert!(head && tail, "retried dead letter of {a} not out in the round");
-                prop_assert!(!w.deferred.contains(&key(a)), "{a} not taken back");
+                prop_assert!(!w.deferred.contains(&key(a)), "{a} not undeferred");
             } else if discarded.contains(&a) {
                 prop_assert!(!head && tail, "the row behind the discarded {a} not out");
-                prop_assert!(!w.deferred.contains(&key(a)), "{a} not taken back");
+                prop_assert!(!w.deferred.contains(&key(a)), "{a} not undeferred");
             } else {
                 prop_assert!(!head && !tail, "{a} went out, blocked");
             }

@@ -201,14 +201,14 @@ impl World {
                 let ids =
                     |v: &[usize]| -> Vec<Uuid> { v.iter().map(|&i| self.rows[i].id).collect() };
                 let (acked, failed) = (ids(&acked), ids(&failed));
-                let handed = p.settled(id, &acked.iter().copied().collect::<HashSet<_>>());
-                self.batches[at].published = Some((acked, failed, handed));
+                let deferring = p.settled(id, &acked.iter().copied().collect::<HashSet<_>>());
+                self.batches[at].published = Some((acked, failed, deferring));
             }
             Op::Record(fails) => {
                 let Some(b) = self.batches.front() else {
                     return self.after_step(p);
                 };
-                let Some((acked, failed, handed)) = &b.published else {
+                let Some((acked, failed, deferring)) = &b.published else {
                     return self.after_step(p);
                 };
                 let id = b.id;
@@ -217,7 +217,7 @@ impl World {
                     self.batches.clear();
                     return self.after_step(p);
                 }
-                let (acked, failed, handed) = (acked.clone(), failed.clone(), handed.clone());
+                let (acked, failed, deferring) = (acked.clone(), failed.clone(), deferring.clone());
                 for a in acked {
                     let i = self.by_id[&a];
                     self.rows[i].processed = true;
@@ -225,7 +225,7 @@ impl World {
                 for f in failed {
                     self.failure(self.by_id[&f]);
                 }
-                self.deferred.extend(handed);
+                self.deferred.extend(deferring);
                 p.recorded(id);
                 self.batches.pop_front();
             }
@@ -233,7 +233,7 @@ impl World {
             Op::Fallback => self.fallback(p),
             Op::Restart => {
                 // Batches in flight and a sweep round running roll back; the stream goes again
-                // from the slot's position; the new pipeline knows what the database says is held.
+                // from the slot's position; the new pipeline knows what the database says is deferred.
                 self.batches.clear();
                 self.sweeping = None;
                 self.sent = 0;
@@ -243,12 +243,12 @@ impl World {
                     .filter(|r| r.pending() && !r.eligible)
                     .map(|r| key(r.aggregate))
                     .collect();
-                let mut held = self.deferred.clone();
-                held.extend(found);
+                let mut deferred = self.deferred.clone();
+                deferred.extend(found);
                 if self.defences.record_at_start {
-                    self.deferred.clone_from(&held);
+                    self.deferred.clone_from(&deferred);
                 }
-                *p = Pipeline::new(held);
+                *p = Pipeline::new(deferred);
                 self.next_tx = self
                     .txs
                     .iter()

@@ -30,11 +30,11 @@ impl World {
         p.serve(chosen)
     }
 
-    /// What a sweep's record tells the pipeline (`sweep.rs`): the aggregates it handed to the
-    /// table (rows found moved under it) and those it took back.
+    /// What a sweep's record tells the pipeline (`sweep.rs`): the aggregates it deferred (rows
+    /// found moved under it) and those it undeferred.
     fn sweep_recorded(p: &mut Pipeline, defer: Vec<AggregateKey>, undefer: &[AggregateKey]) {
-        p.hand_over(defer);
-        p.taken_back(undefer);
+        p.defer(defer);
+        p.undefer(undefer);
     }
 
     /// A sweep round up to its claim (`store.rs`): what it serves, then of each aggregate not
@@ -81,7 +81,7 @@ impl World {
     }
 
     /// A sweep round's claim (by id, as the table is now), publish and record: rows moved from
-    /// the aggregate since the read hand their new aggregate to the table too; rows held
+    /// the aggregate since the read defer their new aggregate too; rows held
     /// elsewhere or not eligible stop their aggregate; the round takes back the aggregates it
     /// found with nothing pending, or whose every pending row it published.
     pub(super) fn sweep_claim(&mut self, p: &mut Pipeline, swept: Swept) {
@@ -152,7 +152,7 @@ impl World {
 
     /// The stream's fallback (`fallback.rs`): a look waits until the slot has passed its position;
     /// then the rows it noted that the pipeline neither holds nor left to the table, still pending
-    /// and publishable, hand their aggregates to the table; then the next look.
+    /// and publishable, defer their aggregates; then the next look.
     pub(super) fn fallback(&mut self, p: &mut Pipeline) {
         if !self.defences.fallback {
             return;
@@ -169,9 +169,9 @@ impl World {
                 .map(|i| key(self.rows[i].aggregate))
                 .collect();
             self.deferred.extend(keys.iter().cloned());
-            p.hand_over(keys);
+            p.defer(keys);
         }
-        // Per aggregate not held, its oldest pending row, when it may go now.
+        // Per aggregate not deferred, its oldest pending row, when it may go now.
         let mut rows = Vec::new();
         let mut seen = HashSet::new();
         for r in self.rows.iter().filter(|r| r.pending()) {
