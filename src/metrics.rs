@@ -144,7 +144,7 @@ pub struct Metrics {
     /// `outbox_transactions_split` (`--transactions atomic`)
     pub transactions_split: Counter,
     /// `outbox_transactions_held` (`--transactions atomic`)
-    pub transactions_held: Counter,
+    pub transactions_postponed: Counter,
     /// `outbox_events_pending`
     pub pending: Gauge,
     /// `outbox_oldest_pending_age_seconds`
@@ -202,7 +202,7 @@ impl Metrics {
             failed: Family::default(),
             dead_lettered: Counter::default(),
             transactions_split: Counter::default(),
-            transactions_held: Counter::default(),
+            transactions_postponed: Counter::default(),
             pending: Gauge::default(),
             oldest_pending_age_seconds: Gauge::default(),
             dead_letters: Gauge::default(),
@@ -253,8 +253,8 @@ impl Metrics {
         );
         registry.register(
             "outbox_transactions_held",
-            "Events a batch held back because their transaction could not go out whole with them (--transactions atomic)",
-            m.transactions_held.clone(),
+            "Events a batch postponed because their transaction could not go out whole with them (--transactions atomic)",
+            m.transactions_postponed.clone(),
         );
         registry.register(
             "outbox_events_pending",

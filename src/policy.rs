@@ -43,7 +43,7 @@ pub enum Outcome {
         acked_at: SystemTime,
     },
     Failed(Failure),
-    /// An earlier event of the same aggregate failed, so this one was held back.
+    /// An earlier event of the same aggregate failed, so this one was put back.
     NotAttempted,
 }
 
@@ -164,7 +164,7 @@ impl RetryPolicy {
 /// Nothing of the batch went through and nothing failed for a reason of its own: the broker is
 /// down, not the events. The relay then spends no attempts and puts the rows back as they were.
 pub(crate) fn is_broker_outage<'a>(outcomes: impl IntoIterator<Item = &'a Outcome>) -> bool {
-    // At least one failure: a batch whose events were all held (`--transactions atomic`) met no
+    // At least one failure: a batch whose events were all postponed (`--transactions atomic`) met no
     // broker at all.
     let mut failed = false;
     outcomes.into_iter().all(|o| match o {
@@ -359,7 +359,7 @@ mod tests {
             failed(Broker),
             Outcome::NotAttempted
         ]));
-        // Nothing attempted (every event held by an atomic plan) met no broker at all.
+        // Nothing attempted (every event postponed by an atomic plan) met no broker at all.
         assert!(!outage(&[]));
         assert!(!outage(&[Outcome::NotAttempted, Outcome::NotAttempted]));
         assert!(!outage(&[failed(Timeout), published()]));

@@ -1,5 +1,5 @@
 //! Shutdown by construction: every wait of the relay's long-lived tasks (a statement, a
-//! connection, a pause) goes through one of these, so that no lock held by another session and no
+//! connection, a pause) goes through one of these, so that no lock another session holds and no
 //! server that stops answering keeps the process from stopping.
 //!
 //! Two kinds of wait. Idle and side work (a pause, a wait for a wake-up, the stats, the retention,

@@ -3,7 +3,7 @@
 //!
 //! A transaction goes out as one unit when the batch holds all its events (the claim completes
 //! transactions it holds part of, `complete_transactions.sql`) and none of them waits behind an
-//! event of its aggregate that is not going out. Anything else is held, put back unpublished and
+//! event of its aggregate that is not going out. Anything else is postponed, put back unpublished and
 //! claimed again; holding an event holds the rest of its aggregate in the batch, which may hold
 //! another transaction, and so on until nothing changes. A transaction larger than one atomic
 //! batch may be (`limit`) is published in parts, each an atomic batch: it is *split*, counted
@@ -27,8 +27,8 @@ pub(crate) struct Plan {
     pub chains: Vec<Vec<usize>>,
     /// Transactions over `limit` events, published in parts.
     pub split: Vec<u64>,
-    /// Events held (put back unpublished).
-    pub held: usize,
+    /// Events postponed (put back unpublished).
+    pub postponed: usize,
 }
 
 /// Events published together.
@@ -45,8 +45,8 @@ enum Status {
     Whole,
     /// More events than one atomic batch takes: what is here goes out in parts.
     Split,
-    /// Not all here (or not all can go): held.
-    Held,
+    /// Not all here (or not all can go): postponed.
+    Postponed,
 }
 
 /// Plans `groups` (each one aggregate's events in publish order), completed by the claim
@@ -61,7 +61,7 @@ pub(crate) fn plan(groups: &[Vec<OutboxEvent>], completion: &Completion, limit: 
             let s = if completion.split.contains(&t) {
                 Status::Split
             } else if completion.incomplete.contains(&t) {
-                Status::Held
+                Status::Postponed
             } else {
                 Status::Whole
             };
@@ -69,8 +69,9 @@ pub(crate) fn plan(groups: &[Vec<OutboxEvent>], completion: &Completion, limit: 
         }
     }
     let blocked = &completion.blocked;
-    // Each group goes out up to its first held event; a whole transaction with an event past
-    // that point is held. Until nothing changes (each round holds at least one more transaction).
+    // Each group goes out up to its first postponed event; a whole transaction with an event past
+    // that point is postponed. Until nothing changes (each round postpones at least one more
+    // transaction).
     let mut cut: Vec<usize> = vec![0; groups.len()];
     loop {
         let mut changed = false;
@@ -79,13 +80,13 @@ pub(crate) fn plan(groups: &[Vec<OutboxEvent>], completion: &Completion, limit: 
                 .iter()
                 .position(|e| {
                     blocked.contains(&e.id)
-                        || multi(e).is_some_and(|t| status.get(&t) == Some(&Status::Held))
+                        || multi(e).is_some_and(|t| status.get(&t) == Some(&Status::Postponed))
                 })
                 .unwrap_or(group.len());
             for e in &group[cut[g]..] {
                 if let Some(t) = multi(e) {
                     if status.get(&t) == Some(&Status::Whole) {
-                        status.insert(t, Status::Held);
+                        status.insert(t, Status::Postponed);
                         changed = true;
                     }
                 }
@@ -96,7 +97,7 @@ pub(crate) fn plan(groups: &[Vec<OutboxEvent>], completion: &Completion, limit: 
         }
     }
     let mut out = Plan {
-        held: groups.iter().zip(&cut).map(|(g, c)| g.len() - c).sum(),
+        postponed: groups.iter().zip(&cut).map(|(g, c)| g.len() - c).sum(),
         ..Plan::default()
     };
     // Units: a transaction's events in write order (seq); a lone event alone.
@@ -315,12 +316,12 @@ mod tests {
             seqs(&groups, &p),
             vec![vec![vec![1, 2], vec![4]], vec![vec![3]]]
         );
-        assert_eq!(p.held, 0);
+        assert_eq!(p.postponed, 0);
     }
 
     #[test]
-    fn a_partial_transaction_is_held_with_what_follows_it_in_its_aggregates() {
-        // tx 7 has 3 events, only 2 here: held; tx 9 follows it in "a": held too, and with it
+    fn a_partial_transaction_is_postponed_with_what_follows_it_in_its_aggregates() {
+        // tx 7 has 3 events, only 2 here: postponed; tx 9 follows it in "a": postponed too, and with it
         // its event in "c" and what follows that.
         let groups = vec![
             vec![ev("a", 1, 7, 3), ev("a", 5, 9, 2)],
@@ -330,7 +331,7 @@ mod tests {
         ];
         let p = plan(&groups, &incomplete(7), 1000);
         assert_eq!(seqs(&groups, &p), vec![vec![vec![4]]]);
-        assert_eq!(p.held, 5);
+        assert_eq!(p.postponed, 5);
     }
 
     #[test]
@@ -342,7 +343,7 @@ mod tests {
         };
         let p = plan(&groups, &blocked, 1000);
         assert!(p.units.is_empty());
-        assert_eq!(p.held, 2);
+        assert_eq!(p.postponed, 2);
     }
 
     #[test]
@@ -387,8 +388,8 @@ mod tests {
     }
 
     #[test]
-    fn every_event_is_planned_once_or_held() {
-        // Random claims: each event is in exactly one unit or held, units hold whole
+    fn every_event_is_planned_once_or_postponed() {
+        // Random claims: each event is in exactly one unit or postponed, units hold whole
         // transactions (or parts of split ones), and each group goes out as a prefix.
         let mut rng = fastrand::Rng::with_seed(37);
         for _ in 0..500 {
@@ -429,7 +430,7 @@ mod tests {
                 }
             }
             assert_eq!(
-                seen.len() + p.held,
+                seen.len() + p.postponed,
                 groups.iter().map(Vec::len).sum::<usize>()
             );
             for (g, group) in groups.iter().enumerate() {

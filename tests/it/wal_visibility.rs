@@ -256,7 +256,7 @@ async fn an_atomic_transaction_waits_for_an_earlier_commit_of_its_aggregate_not_
 }
 
 /// As above, and the relay restarts while Q is still not visible: T's event of `a` waits with
-/// the table (its transaction held), and the restarted relay sweeps the table before its stream
+/// the table (its transaction postponed), and the restarted relay sweeps the table before its stream
 /// has brought anything again. The sweep's claim takes the rest of T, U, which the new stream has
 /// not brought yet: it waits for the stream (which brings Q first), so `b` still goes out Q, U.
 #[tokio::test]
@@ -264,7 +264,7 @@ async fn an_atomic_transaction_waits_for_an_earlier_commit_not_visible_yet_acros
     atomic_transaction_behind_a_commit_not_visible_yet(true).await;
 }
 
-/// The scenario of the two tests above; `restart`: the relay restarts once T is held.
+/// The scenario of the two tests above; `restart`: the relay restarts once T is postponed.
 async fn atomic_transaction_behind_a_commit_not_visible_yet(restart: bool) {
     if !crate::atomic::atomic_server() {
         return;

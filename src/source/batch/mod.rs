@@ -135,7 +135,7 @@ pub(crate) async fn run_claim_with<B: BeforeCommit>(
 /// and commits. A pipelined source publishes the next batch meanwhile.
 pub(crate) struct Published {
     pub report: BatchReport,
-    /// The aggregates whose events were not all published (a failure, or held back behind one).
+    /// The aggregates whose events were not all published (a failure, or put back behind one).
     pub unsettled: Vec<AggregateKey>,
     published: Vec<Uuid>,
     failures: Vec<Failure>,
@@ -195,12 +195,12 @@ pub(crate) async fn publish_claim(
     // The transaction headers; a failure here is the database's, as a claim's would be.
     let runs = claim.read_transactions().await?;
     let publish_started = Instant::now();
-    let mut held = 0;
+    let mut postponed = 0;
     let outcomes = match &completion {
         Some(completion) => {
             let plan = atomic::plan(&claim.groups, completion, ATOMIC_BATCH_MAX);
             note_plan(metrics, &claim.groups, &plan);
-            held = plan.held;
+            postponed = plan.postponed;
             publisher.publish_atomic(&claim.groups, &plan).await
         }
         None => publisher.publish(&claim.groups).await,
@@ -237,13 +237,13 @@ pub(crate) async fn publish_claim(
         full,
         ..settlement.report
     };
-    if held > 0 && held == claim.groups.iter().map(Vec::len).sum::<usize>() {
-        // Every event held (its transaction's other rows locked elsewhere, waiting for a
+    if postponed > 0 && postponed == claim.groups.iter().map(Vec::len).sum::<usize>() {
+        // Every event postponed (its transaction's other rows locked elsewhere, waiting for a
         // retry or dead): claiming again at once would find the same. As for an empty claim,
         // wait for a notification, the fallback ticker, or a short while.
         published.report.claimed = 0;
         published.report.full = false;
-        published.report.next_retry = earliest(published.report.next_retry, Some(HELD_RETRY));
+        published.report.next_retry = earliest(published.report.next_retry, Some(POSTPONED_RETRY));
     }
     published.split = split_transactions(&claim.groups, &settlement.published, &runs);
     published.published = settlement.published;
@@ -291,8 +291,8 @@ impl Published {
 }
 
 /// When a batch (`--transactions atomic`) could publish nothing because every event's transaction
-/// was held, claim again after this long at the latest.
-const HELD_RETRY: Duration = Duration::from_millis(250);
+/// was postponed, claim again after this long at the latest.
+const POSTPONED_RETRY: Duration = Duration::from_millis(250);
 
 fn first_failure(outcomes: &[Vec<Outcome>]) -> Option<String> {
     outcomes.iter().flatten().find_map(|o| match o {

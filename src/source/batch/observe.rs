@@ -6,13 +6,13 @@ use crate::metrics::Metrics;
 use crate::publisher::ATOMIC_BATCH_MAX;
 use crate::source::atomic;
 
-/// Counts and logs what an atomic plan holds back or splits.
+/// Counts and logs what an atomic plan postpones or splits.
 pub(super) fn note_plan(metrics: &Metrics, groups: &[Vec<OutboxEvent>], plan: &atomic::Plan) {
-    if plan.held > 0 {
-        metrics.transactions_held.inc_by(plan.held as u64);
+    if plan.postponed > 0 {
+        metrics.transactions_postponed.inc_by(plan.postponed as u64);
         tracing::debug!(
-            held = plan.held,
-            "events held back: their transactions cannot go out whole in this batch"
+            held = plan.postponed,
+            "events postponed: their transactions cannot go out whole in this batch"
         );
     }
     for txid in &plan.split {

@@ -36,7 +36,7 @@ pub(crate) struct Settlement {
 }
 
 /// Applies the retry policy to each outcome of `groups` (the claim, in publish order), telling
-/// `observe` about each event settled. Held-back events (an earlier one of their aggregate failed)
+/// `observe` about each event settled. Put-back events (an earlier one of their aggregate failed)
 /// are neither published nor failed: the record puts them back as they were.
 pub(crate) fn settle<'a>(
     policy: &RetryPolicy,

@@ -97,7 +97,7 @@ impl<'a> Processor<'a> {
             // start or on the fallback ticker, where a backlog may wait (in few deep aggregates the
             // walk for heads would visit it twice).
             // The batch in hand is finished after a stop, within the grace: a claim or a record
-            // waiting for a lock held by another session must not keep the relay from stopping.
+            // waiting for a lock another session holds must not keep the relay from stopping.
             let Some(result) =
                 within_grace(shutdown, self.batch(backlog, wake == Wake::Notify)).await
             else {
