@@ -95,7 +95,7 @@ pub fn transaction(headers: Option<&async_nats::HeaderMap>) -> Option<Transactio
 /// largest transaction it waits for (and its `ack_wait` longer than the wait). Pure: no I/O.
 pub struct Transactions<T> {
     open: HashMap<u64, Open<T>>,
-    held: usize,
+    buffered: usize,
     limit: usize,
 }
 
@@ -123,7 +123,7 @@ impl<T> Transactions<T> {
     pub fn new(limit: usize) -> Transactions<T> {
         Transactions {
             open: HashMap::new(),
-            held: 0,
+            buffered: 0,
             limit,
         }
     }
@@ -140,7 +140,7 @@ impl<T> Transactions<T> {
         let events = position.events.or_else(|| open.and_then(|o| o.events));
         let held_here = open.map_or(0, |o| o.items.len()) as u64;
         let whole_now = events == Some(held_here + 1);
-        if !whole_now && self.held >= self.limit {
+        if !whole_now && self.buffered >= self.limit {
             return Collected::Refused(item);
         }
         let open = self.open.entry(position.id).or_insert_with(|| Open {
@@ -149,7 +149,7 @@ impl<T> Transactions<T> {
         });
         open.events = events;
         open.items.insert(position.index, item);
-        self.held += 1;
+        self.buffered += 1;
         if whole_now {
             let whole = self.take(position.id);
             return Collected::Whole(whole);
@@ -165,7 +165,7 @@ impl<T> Transactions<T> {
             .remove(&id)
             .map(|o| o.items.into_values().collect())
             .unwrap_or_default();
-        self.held -= items.len();
+        self.buffered -= items.len();
         items
     }
 
@@ -174,9 +174,9 @@ impl<T> Transactions<T> {
         self.open.keys().copied()
     }
 
-    /// Messages held.
+    /// Messages buffered until their transaction is complete (the public name stays `held`).
     pub fn held(&self) -> usize {
-        self.held
+        self.buffered
     }
 }
 

@@ -1,26 +1,26 @@
 //! Each streamed insert's place in its transaction. The stream carries a transaction's inserts
 //! between its Begin and its Commit, in the order they were written; the count is known only at
 //! the Commit. [`Assembler`] holds a transaction's changes until then (up to a limit, which bounds
-//! the memory), numbering each insert and telling the held ones the count. Pure: the stream's pump
+//! the memory), numbering each insert and telling the buffered ones the count. Pure: the stream's pump
 //! feeds it and sends on what it returns, in order.
 //!
 //! A transaction larger than the limit is passed on as it comes past it: its first inserts go
-//! without the count (their index still exact), the ones still held at the Commit with it, the
-//! last one always. Nothing is reordered and no change is held past its transaction's Commit, so
+//! without the count (their index still exact), the ones still buffered at the Commit with it, the
+//! last one always. Nothing is reordered and no change is buffered past its transaction's Commit, so
 //! the positions the relay confirms are those it would confirm without the hold.
 
 use crate::source::wal::pipeline::Change;
 
 /// See the module documentation.
 pub(crate) struct Assembler {
-    /// The inserts held at most (at least 1: the last insert waits for the Commit).
+    /// The inserts buffered at most (at least 1: the last insert waits for the Commit).
     limit: usize,
     /// Inserts of the current transaction so far.
     index: u64,
-    /// Changes held since the oldest insert not passed on, in stream order.
-    held: Vec<Change>,
-    /// Inserts among `held`.
-    held_inserts: usize,
+    /// Changes buffered since the oldest insert not passed on, in stream order.
+    buffered: Vec<Change>,
+    /// Inserts among `buffered`.
+    buffered_inserts: usize,
 }
 
 impl Assembler {
@@ -28,8 +28,8 @@ impl Assembler {
         Assembler {
             limit: limit.max(1),
             index: 0,
-            held: Vec::new(),
-            held_inserts: 0,
+            buffered: Vec::new(),
+            buffered_inserts: 0,
         }
     }
 
@@ -38,7 +38,7 @@ impl Assembler {
         match change {
             Change::Begin => {
                 // A Begin without the Commit before it (not sent by the server): pass the
-                // held ones on as they are.
+                // buffered ones on as they are.
                 self.release(out);
                 self.index = 0;
                 out.push(Change::Begin);
@@ -48,23 +48,23 @@ impl Assembler {
                 if let Some(t) = &mut c.transaction {
                     t.index = self.index;
                 }
-                self.held.push(Change::Insert(c));
-                self.held_inserts += 1;
-                if self.held_inserts > self.limit {
+                self.buffered.push(Change::Insert(c));
+                self.buffered_inserts += 1;
+                if self.buffered_inserts > self.limit {
                     // Too many to hold: everything up to the newest insert goes without the
                     // count; the newest waits (it may be the last).
-                    let newest = self.held.pop();
+                    let newest = self.buffered.pop();
                     self.release(out);
                     if let Some(newest) = newest {
-                        self.held.push(newest);
-                        self.held_inserts = 1;
+                        self.buffered.push(newest);
+                        self.buffered_inserts = 1;
                     }
                 }
             }
             Change::Commit { end } => {
                 let events = self.index;
-                for held in &mut self.held {
-                    if let Change::Insert(c) = held {
+                for buffered in &mut self.buffered {
+                    if let Change::Insert(c) = buffered {
                         if let Some(t) = &mut c.transaction {
                             t.events = Some(events);
                         }
@@ -75,19 +75,19 @@ impl Assembler {
                 out.push(Change::Commit { end });
             }
             idle @ Change::Idle { .. } => {
-                // Behind the held inserts: a keepalive's position never passes them.
-                if self.held.is_empty() {
+                // Behind the buffered inserts: a keepalive's position never passes them.
+                if self.buffered.is_empty() {
                     out.push(idle);
                 } else {
-                    self.held.push(idle);
+                    self.buffered.push(idle);
                 }
             }
         }
     }
 
     fn release(&mut self, out: &mut Vec<Change>) {
-        out.append(&mut self.held);
-        self.held_inserts = 0;
+        out.append(&mut self.buffered);
+        self.buffered_inserts = 0;
     }
 }
 
