@@ -15,14 +15,15 @@
 //! - [`migrate`]: the versioned schema in `sql/migrations`, also as scripts for other migration
 //!   tools; `sqlx::migrator` (feature `sqlx`): the same as a sqlx `Migrator`.
 //! - [`config`]: `RelayConfig`, one section per part (`postgres`, `nats`, `publish`, `batch`,
-//!   `retry`, `source`, `wal`, `retention`, `metrics`), each with defaults and `validate()`.
+//!   `retry`, `source`, `wal`, `retention`, `metrics`), each with defaults and `validate()`; with
+//!   the feature `clap`, its enums are `clap::ValueEnum`s.
 //! - [`Schema`]: the outbox's schema name, checked once, and every form it is applied in.
 //! - [`Relay`]: runs the relay in the application's runtime; [`HealthReport`] and [`metrics`] for
 //!   its health checks and `/metrics`.
 //! - [`ops`]: [`ops::Outbox`], the operations handle: migrate, grants, the publication, status,
 //!   dead letters, cleanup (the operator CLI and the relay's periodic tasks).
-//! - [`console`]: the operator console in the browser, as a router to mount (`outbox-relay
-//!   console` serves it).
+//! - `console` (feature `console`): the operator console in the browser, as a router to mount
+//!   (`outbox-relay console` serves it).
 //! - [`error`]: the opaque [`Error`] with [`ErrorKind`] and predicates; [`connect`] and [`redact`]
 //!   (connections as the relay makes them; connection strings with passwords hidden).
 //! - [`text`]: values from rows shown to people (pages, the text log) with control and hidden
@@ -46,8 +47,8 @@
 //! - `health`: what the relay knows about its connections.
 //! - `publisher`: everything NATS; `subject`: the subject template, parsed at start and rendered
 //!   per row.
-//! - `http`: `/metrics`, `/healthz`, `/readyz`; `background`: gauges and the retention of
-//!   `outbox_events` and `processed_events`.
+//! - `http` (feature `http`): `/metrics`, `/healthz`, `/readyz`; `background`: gauges and the
+//!   retention of `outbox_events` and `processed_events`.
 //! - `clock`: one clock; the database's, which every time the database wrote is compared with.
 //! - `db` (with `db::conninfo`, `db::tls`): connections, libpq connection strings, `sslmode` over
 //!   rustls; `redact`: passwords out of free text (a leaf, for errors); `header`: the header
@@ -64,6 +65,8 @@
 mod background;
 mod clock;
 pub mod config;
+#[cfg(feature = "console")]
+#[cfg_attr(docsrs, doc(cfg(feature = "console")))]
 pub mod console;
 pub mod consumer;
 mod db;
@@ -71,6 +74,7 @@ pub mod error;
 pub mod event;
 mod header;
 mod health;
+#[cfg(feature = "http")]
 mod http;
 pub mod metrics;
 pub mod migrate;

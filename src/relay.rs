@@ -115,7 +115,10 @@ impl Relay {
     /// other relays are woken to take over what is left.
     pub async fn run(self, shutdown: CancellationToken) -> Result<()> {
         let tasks = CancellationToken::new();
+        #[cfg_attr(not(feature = "http"), allow(unused_mut))]
         let mut handles = Vec::new();
+        // Without the `http` feature, `validate` refused an address.
+        #[cfg(feature = "http")]
         if let Some(addr) = self.settings.config.metrics.addr {
             let listener = tokio::net::TcpListener::bind(addr).await?;
             tracing::info!(%addr, "serving /metrics, /healthz and /readyz");

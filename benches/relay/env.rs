@@ -44,7 +44,8 @@ pub(crate) async fn within<T>(
 pub(crate) const SUBJECTS: &str = "outbox.>";
 pub(crate) const SETUP_SQL: &str = include_str!("../setup.sql");
 pub(crate) const CLASSIC_TRIGGER_SQL: &str = include_str!("../classic_trigger.sql");
-pub(crate) const WRITER_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/writer.sql");
+pub(crate) const WRITER_SCRIPT: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../benches/writer.sql");
 
 /// Advisory key an idle relay holds while it waits for notifications (see the migration's
 /// `outbox_events_notify`), as pg_locks shows it: classid = high 32 bits, objid = low 32 bits.

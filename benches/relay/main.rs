@@ -128,7 +128,7 @@ fn main() {
         .into_iter()
         .filter(|name| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
         .collect();
-    let out_dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/target/bench"));
+    let out_dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/bench"));
     if let Some(path) = std::env::var_os("OUTBOX_BENCH_CHARTS_FROM") {
         std::process::exit(redraw(&PathBuf::from(path), &out_dir));
     }

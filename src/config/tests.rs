@@ -1,3 +1,4 @@
+use super::nats::split_credentials;
 use super::*;
 use crate::error::field_of;
 

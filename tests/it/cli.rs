@@ -282,7 +282,7 @@ fn completions_for_every_shell() {
 /// docs/man holds the pages the CLI generates now: a flag added without refreshing them fails here.
 #[test]
 fn man_pages_match_the_cli() {
-    let checked_in = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/man");
+    let checked_in = crate::repo_root().join("docs/man");
     let fresh = tempfile::tempdir().expect("tempdir");
     let out = testkit::relay_command()
         .args(["man", "--out-dir"])

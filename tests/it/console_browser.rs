@@ -105,7 +105,7 @@ async fn screenshot(c: &Client, name: &str) {
     let png = c.screenshot().await.expect("screenshot");
     assert!(png.starts_with(b"\x89PNG"), "a PNG");
     let dir = if std::env::var_os("OUTBOX_UPDATE_SCREENSHOTS").is_some() {
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs")
+        crate::repo_root().join("docs")
     } else {
         std::env::temp_dir()
     };

@@ -3,7 +3,6 @@
 //! renamed metric breaks this test instead of silently breaking an alert.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 
 use yaml_rust2::{Yaml, YamlLoader};
 
@@ -89,7 +88,7 @@ fn known_series() -> BTreeSet<String> {
 }
 
 fn read(rel: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
+    let path = crate::repo_root().join(rel);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
 }
 

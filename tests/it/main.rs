@@ -83,6 +83,12 @@ mod wal_sweep;
 mod wal_truth;
 mod wal_visibility;
 
+/// The workspace's root, where the files the tests check are: the tests are a target of the
+/// command's package (`cli/`).
+fn repo_root() -> &'static std::path::Path {
+    std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
 /// The harness runs the binary cargo built for this test target.
 #[test]
 fn harness_runs_this_builds_relay_binary() {

@@ -199,7 +199,7 @@ async fn execute(cli: Cli) -> Result<(), Error> {
                 migrate::script_as(
                     schema.as_ref(),
                     from.unwrap_or(1),
-                    format.map(Into::into).unwrap_or_default()
+                    format.unwrap_or_default()
                 )
             );
             Ok(())
