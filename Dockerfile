@@ -13,10 +13,14 @@
 FROM rust:1-bookworm AS builder
 WORKDIR /build
 
-# Everything `cargo build` reads: the manifest names the bench target, and the SQL is compiled in.
+# Everything `cargo build` reads: the workspace's manifests (the command's names the test and bench
+# targets, the harness crate is a member), the library, the command, and the SQL compiled in.
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY sql ./sql
+COPY cli ./cli
+COPY testkit ./testkit
+COPY tests ./tests
 COPY benches ./benches
 
 # `--features otel`: spans exported over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set, nothing
@@ -24,7 +28,7 @@ COPY benches ./benches
 # The cache mounts keep the registry and compiled dependencies between builds (BuildKit).
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/build/target \
-    cargo build --release --locked --features otel --bin outbox-relay \
+    cargo build --release --locked -p outbox-relay-cli --features otel --bin outbox-relay \
     && install -m 0755 target/release/outbox-relay /usr/local/bin/outbox-relay
 
 # ---- runtime ----
