@@ -39,7 +39,7 @@ impl SourceConfig {
 }
 
 /// The wal source (`Source::Wal`): its slot and how it records published rows. Its stream's
-/// buffer is derived from the batch ([`BatchConfig`]).
+/// buffer is derived from the batch ([`BatchConfig`](super::BatchConfig)).
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct WalConfig {
