@@ -7,6 +7,10 @@
 //!
 //! Every struct is `#[non_exhaustive]`: start from `RelayConfig::new(url)` (or a section's
 //! `Default`) and set fields, so that a new setting is not a breaking change.
+//!
+//! One file per section (`retention` also holds `MetricsConfig`, `source` also `WalConfig`);
+//! `modes`: the enums; `secret`: the hidden strings; `values` (feature `clap`): the enums as
+//! `clap::ValueEnum`s.
 
 mod batch;
 mod modes;
