@@ -49,6 +49,7 @@ use crate::schema::Schema;
 pub use cleanup::Retained;
 pub use dead_letters::{DeadLetter, RetryCandidate};
 pub use publication::PublicationSetup;
+#[cfg(feature = "console")]
 pub(crate) use status::{read_blocked_aggregates, read_status, read_wal_slots};
 pub use status::{BlockedAggregate, Overview, Status, WalSlot};
 
