@@ -43,7 +43,7 @@ pub enum Source {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WalMarking {
     /// The row is deleted in the batch's transaction once JetStream acknowledged it: the stream
-    /// holds it from then on. The cheapest for PostgreSQL (see docs/ARCHITECTURE.md).
+    /// holds it from then on. The cheapest for PostgreSQL (measured in docs/PERFORMANCE.md).
     #[default]
     Delete,
     /// The row is kept and marked `processed_at` like the table source does (history in the

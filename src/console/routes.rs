@@ -327,7 +327,7 @@ async fn one(
 }
 
 /// GET /dead-letters/{id}/payload: the event's whole payload as a JSON download (the detail view
-/// shows the first [`pages::PAYLOAD_SHOWN`] bytes of a bigger one).
+/// shows the first 64 KiB of a bigger one).
 async fn download(
     State(app): State<Arc<App>>,
     Extension(who): Extension<Identity>,
