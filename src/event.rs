@@ -163,6 +163,15 @@ impl TransactionPosition {
         }
     }
 
+    /// The one event of transaction `id`: first of one.
+    pub(crate) fn alone(id: u64) -> TransactionPosition {
+        TransactionPosition {
+            id,
+            index: 1,
+            events: Some(1),
+        }
+    }
+
     /// Both the event's place and the transaction's count are known.
     pub fn is_placed(&self) -> bool {
         self.index > 0 && self.events.is_some()

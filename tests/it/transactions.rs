@@ -609,3 +609,56 @@ async fn a_transaction_whose_dead_letter_is_discarded_leaves_the_outbox_run() {
 async fn a_transaction_whose_dead_letter_is_discarded_keeps_its_marked_rows_on_version_9() {
     discarded(Written::Spread, true).await
 }
+
+/// The heads claim (the first after a writer's notification at idle) says which rows their
+/// transaction wrote alone, so that such an event is placed (1 of 1) without a statement of its
+/// own before the publish; a row of a larger transaction, one whose transaction has published rows
+/// kept as a run (`outbox_transaction_runs`), and a row without a transaction are not alone.
+#[tokio::test]
+async fn the_heads_claim_knows_the_events_their_transaction_wrote_alone() {
+    let env = Env::new().await;
+    let client = env.client().await;
+    // One statement each: a simple query of several statements is one transaction.
+    for sql in [
+        "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+         VALUES ('order', 'single', 'order.created', '{}')",
+        "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+         SELECT 'order', 'pair-' || n, 'order.created', '{}' FROM generate_series(1, 2) n",
+        "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, txid) \
+         VALUES ('order', 'none', 'order.created', '{}', NULL)",
+        "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
+         VALUES ('order', 'run', 'order.created', '{}')",
+        "INSERT INTO outbox_transaction_runs (txid, first_seq, events) \
+         SELECT txid, seq - 1, 2 FROM outbox_events WHERE aggregate_id = 'run'",
+    ] {
+        client.batch_execute(sql).await.expect("rows");
+    }
+    client
+        .batch_execute(include_str!("../../sql/queries/table/begin_claim.sql"))
+        .await
+        .expect("begin");
+    let rows = client
+        .query(
+            include_str!("../../sql/queries/table/claim_heads.sql"),
+            &[&16_i64, &1_000_000_i64],
+        )
+        .await
+        .expect("claim");
+    client.batch_execute("ROLLBACK").await.expect("rollback");
+    let mut alone: Vec<(i64, String, bool)> = rows
+        .iter()
+        .map(|r| (r.get("seq"), r.get("aggregate_id"), r.get("alone")))
+        .collect();
+    alone.sort();
+    let alone: Vec<(String, bool)> = alone.into_iter().map(|(_, a, b)| (a, b)).collect();
+    assert_eq!(
+        alone,
+        [
+            ("single".to_string(), true),
+            ("pair-1".to_string(), false),
+            ("pair-2".to_string(), false),
+            ("none".to_string(), false),
+            ("run".to_string(), false),
+        ]
+    );
+}

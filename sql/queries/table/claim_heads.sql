@@ -11,7 +11,9 @@
 -- (see there: a one-value range in descending order keeps the probe on the pending aggregate
 -- index whatever the table held when the plan was made; `= ANY(ARRAY(...))` keeps the mark one
 -- primary-key probe per row). Same output: the marked rows with their content, then the rows
--- held back by the byte budget by key only.
+-- held back by the byte budget by key only. Unlike the full claim it also says which rows their
+-- transaction wrote alone (`alone`): at idle that is most events, and each then goes to the broker
+-- without the round trip of transactions.sql.
 WITH heads AS (
     SELECT e.id, e.seq, e.aggregate_type, e.aggregate_id,
            outbox_row_size(e.payload, e.headers) AS size
@@ -41,11 +43,19 @@ WITH heads AS (
     RETURNING u.id, u.seq, u.aggregate_type, u.aggregate_id, u.event_type,
               u.payload::text AS payload, u.headers::text AS headers, u.attempts, u.created_at,
               u.txid::text AS txid,
-              true AS eligible, false AS held, NULL::uuid AS prev, NULL::text AS tid
+              true AS eligible, false AS held, NULL::uuid AS prev, NULL::text AS tid,
+              -- The transaction wrote this row alone (no other row of it in the table, none of
+              -- it published and deleted before: outbox_transaction_runs): its place is known
+              -- without transactions.sql. Two probes, bounded whatever the transaction's size.
+              u.txid IS NOT NULL
+              AND (SELECT count(*) FROM (SELECT FROM outbox_events o WHERE o.txid = u.txid
+                                         LIMIT 2) t) = 1
+              AND NOT EXISTS (SELECT FROM outbox_transaction_runs r WHERE r.txid = u.txid)
+                  AS alone
 )
 SELECT * FROM marked
 UNION ALL
 SELECT p.id, p.seq, p.aggregate_type, p.aggregate_id, NULL::varchar, NULL::text, NULL::text,
-       NULL::int, NULL::timestamptz, NULL::text, false, true, NULL::uuid, NULL::text
+       NULL::int, NULL::timestamptz, NULL::text, false, true, NULL::uuid, NULL::text, false
 FROM plan p
 WHERE NOT p.publish

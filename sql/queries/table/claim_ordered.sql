@@ -187,7 +187,8 @@ WITH RECURSIVE candidates AS (
     RETURNING u.id, u.seq, u.aggregate_type, u.aggregate_id, u.event_type,
               u.payload::text AS payload, u.headers::text AS headers, u.attempts, u.created_at,
               u.txid::text AS txid,
-              true AS eligible, false AS held, NULL::uuid AS prev, NULL::text AS tid
+              true AS eligible, false AS held, NULL::uuid AS prev, NULL::text AS tid,
+              false AS alone
 )
 -- The published rows with their content, then the rest of the claim by key only: rows not eligible
 -- now (waiting for a retry, dead-lettered) and rows held back (gap, budget; `held`: by the budget). The relay tells heads
@@ -195,6 +196,6 @@ WITH RECURSIVE candidates AS (
 SELECT * FROM marked
 UNION ALL
 SELECT p.id, p.seq, p.aggregate_type, p.aggregate_id, NULL::varchar, NULL::text, NULL::text,
-       NULL::int, NULL::timestamptz, NULL::text, false, p.over_budget, NULL::uuid, NULL::text
+       NULL::int, NULL::timestamptz, NULL::text, false, p.over_budget, NULL::uuid, NULL::text, false
 FROM plan p
 WHERE NOT p.publish

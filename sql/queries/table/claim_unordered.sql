@@ -32,12 +32,13 @@ WITH claimed AS (
     RETURNING u.id, u.seq, u.aggregate_type, u.aggregate_id, u.event_type,
               u.payload::text AS payload, u.headers::text AS headers, u.attempts, u.created_at,
               u.txid::text AS txid,
-              true AS eligible, false AS held, NULL::uuid AS prev, NULL::text AS tid
+              true AS eligible, false AS held, NULL::uuid AS prev, NULL::text AS tid,
+              false AS alone
 )
 -- Rows over the byte budget stay locked but unmarked until the commit; the relay claims again.
 SELECT * FROM marked
 UNION ALL
 SELECT p.id, p.seq, p.aggregate_type, p.aggregate_id, NULL::varchar, NULL::text, NULL::text,
-       NULL::int, NULL::timestamptz, NULL::text, false, true, NULL::uuid, NULL::text
+       NULL::int, NULL::timestamptz, NULL::text, false, true, NULL::uuid, NULL::text, false
 FROM plan p
 WHERE NOT p.publish

@@ -68,7 +68,7 @@ WITH given AS (
     RETURNING u.id, u.seq, u.aggregate_type, u.aggregate_id, u.event_type,
               u.payload::text AS payload, u.headers::text AS headers, u.attempts, u.created_at,
               u.txid::text AS txid,
-              true AS eligible, false AS held, NULL::uuid AS prev, NULL::text AS tid,
+              true AS eligible, false AS held, NULL::uuid AS prev, NULL::text AS tid, false AS alone,
               $5 AND EXISTS (
                   SELECT 1 FROM outbox_events o
                   WHERE o.processed_at IS NULL
@@ -84,7 +84,7 @@ WITH given AS (
 SELECT * FROM marked
 UNION ALL
 SELECT NULL::uuid, NULL::int8, NULL::varchar, NULL::varchar, NULL::varchar, NULL::text, NULL::text,
-       NULL::int, NULL::timestamptz, v.txid::text, false, false, NULL::uuid, NULL::text, false,
+       NULL::int, NULL::timestamptz, v.txid::text, false, false, NULL::uuid, NULL::text, false, false,
        v.kind
 FROM verdict v
 WHERE v.kind <> 'row'

@@ -37,4 +37,5 @@ RETURNING u.id, u.seq, u.aggregate_type, u.aggregate_id, u.event_type,
                   AND o.seq < u.seq
                 ORDER BY o.aggregate_id DESC, o.seq DESC
                 LIMIT 1) AS prev,
-          NULL::text AS tid
+          NULL::text AS tid,
+          false AS alone

@@ -21,7 +21,8 @@ SELECT e.id, e.seq, e.aggregate_type, e.aggregate_id, e.event_type,
                  AND o.seq < e.seq
                ORDER BY o.aggregate_id DESC, o.seq DESC
                LIMIT 1) AS prev,
-       e.ctid::text AS tid
+       e.ctid::text AS tid,
+       false AS alone
 FROM outbox_events e
 WHERE e.id = ANY($1::uuid[])
   AND coalesce(e.processed_at IS NULL, false)

@@ -1,8 +1,9 @@
 //! A claim statement's rows as the relay reads them ([`ClaimedRow`], [`read_claim`]). Every claim
 //! statement (`table/claim_*.sql`, `table/complete_transactions.sql`, `wal/claim_ids.sql`,
 //! `wal/lock_ids.sql`) returns the same named columns (typed NULLs where one does not apply),
-//! decoded by name only; never a panic or an error for what a row holds (rows are written by raw
-//! SQL too): a value the relay cannot use becomes the event's defect.
+//! decoded by name only (`alone`: computed by the heads claim, false elsewhere); never a panic or
+//! an error for what a row holds (rows are written by raw SQL too): a value the relay cannot use
+//! becomes the event's defect.
 
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -90,25 +91,33 @@ pub(super) fn claimed_row(row: &Row) -> Result<ClaimedRow> {
     let (headers, header_defect) = headers_from_json(row.try_get::<_, Option<&str>>("headers")?);
     defects.extend(header_defect);
     let payload: Option<Payload> = row.try_get("payload")?;
-    let event = OutboxEvent {
-        id: row.try_get("id")?,
-        seq,
-        aggregate_type,
-        aggregate_id,
-        event_type,
-        payload: payload.map(|p| p.0).unwrap_or_default(),
-        headers,
-        attempts: row.try_get::<_, Option<i32>>("attempts")?.unwrap_or(0),
-        created_at: row
-            .try_get::<_, Option<Timestamp>>("created_at")?
-            .unwrap_or_else(Timestamp::now),
-        defect: (!defects.is_empty()).then(|| defects.join("; ")),
-        // Placed in its transaction before it is published (`Claim::read_transactions`).
-        transaction: match row.try_get::<_, Option<&str>>("txid") {
-            Ok(Some(txid)) => txid.parse::<u64>().ok().map(TransactionPosition::unplaced),
-            _ => None,
-        },
-    };
+    let event =
+        OutboxEvent {
+            id: row.try_get("id")?,
+            seq,
+            aggregate_type,
+            aggregate_id,
+            event_type,
+            payload: payload.map(|p| p.0).unwrap_or_default(),
+            headers,
+            attempts: row.try_get::<_, Option<i32>>("attempts")?.unwrap_or(0),
+            created_at: row
+                .try_get::<_, Option<Timestamp>>("created_at")?
+                .unwrap_or_else(Timestamp::now),
+            defect: (!defects.is_empty()).then(|| defects.join("; ")),
+            // Placed in its transaction before it is published: here when the claim found the row
+            // alone in it (`alone`: the one event of its transaction), otherwise by
+            // `Claim::read_transactions`.
+            transaction: match row.try_get::<_, Option<&str>>("txid") {
+                Ok(Some(txid)) => txid.parse::<u64>().ok().map(|id| {
+                    match row.try_get::<_, Option<bool>>("alone") {
+                        Ok(Some(true)) => TransactionPosition::alone(id),
+                        _ => TransactionPosition::unplaced(id),
+                    }
+                }),
+                _ => None,
+            },
+        };
     Ok(ClaimedRow {
         seq,
         aggregate,
