@@ -126,76 +126,123 @@ impl Publisher {
         }
     }
 
-    /// Whose fault JetStream's answer `code` (None: no answer) about `event` is.
+    /// Whose fault JetStream's answer `code` (None: no answer) about `event` is (see
+    /// [`answer`]).
     pub(super) fn blame_code(
         &self,
         event: &OutboxEvent,
         code: Option<jetstream::ErrorCode>,
         e: String,
     ) -> Failure {
-        use jetstream::ErrorCode as C;
-        match code {
-            Some(C::STREAM_MESSAGE_EXCEEDS_MAXIMUM | C::STREAM_HEADER_EXCEEDS_MAXIMUM) => {
-                Failure::new(
-                    FailureKind::TooLarge,
-                    format!(
-                        "message too large for the stream (payload {} bytes): {e}",
-                        event.payload.len()
-                    ),
-                )
-            }
-            Some(C::STREAM_NOT_FOUND) => Failure::new(
+        match answer(code) {
+            Answer::TooLarge => Failure::new(
+                FailureKind::TooLarge,
+                format!(
+                    "message too large for the stream (payload {} bytes): {e}",
+                    event.payload.len()
+                ),
+            ),
+            Answer::NoStream => Failure::new(
                 FailureKind::Rejected,
                 format!(
                     "no JetStream stream listens on subject {}",
                     self.subject_shown(event)
                 ),
             ),
-            // Resources or storage exceeded, the store refusing a write (e.g. a full
-            // stream with discard new), the cluster incomplete, without peers, inactive or
-            // without a leader, or no JetStream answer at all: the broker's trouble.
-            Some(
-                C::ACCOUNT_RESOURCES_EXCEEDED
-                | C::INSUFFICIENT_RESOURCES
-                | C::MEMORY_RESOURCES_EXCEEDED
-                | C::STORAGE_RESOURCES_EXCEEDED
-                | C::STREAM_STORE_FAILED
-                | C::CLUSTER_INCOMPLETE
-                | C::CLUSTER_NO_PEERS
-                | C::CLUSTER_NOT_ACTIVE
-                | C::CLUSTER_NOT_ASSIGNED
-                | C::CLUSTER_NOT_AVAILABLE
-                | C::CLUSTER_NOT_LEADER
-                | C::CLUSTER_REQUIRED
-                // An atomic batch the server dropped (its timeout, a restart), too many
-                // open at once, the stream's allow_atomic switched off, or a server
-                // limit below ATOMIC_BATCH_MAX: the broker's, never the events'.
-                | C::ATOMIC_PUBLISH_INCOMPLETE_BATCH
-                | C::ATOMIC_PUBLISH_TOO_MANY_INFLIGHT
-                | C::ATOMIC_PUBLISH_DISABLED
-                | C::ATOMIC_PUBLISH_TOO_LARGE_BATCH
-                // A fast-ingest batch the server does not take (allow_batched switched
-                // off, too many at once) or forgot: the broker's as well.
-                | C::BATCH_PUBLISH_DISABLED
-                | C::BATCH_PUBLISH_INVALID_PATTERN
-                | C::BATCH_PUBLISH_INVALID_BATCH_ID
-                | C::BATCH_PUBLISH_UNKNOWN_BATCH_ID
-                | C::BATCH_PUBLISH_TOO_MANY_INFLIGHT,
-            )
-            | None => Failure::new(FailureKind::Broker, e),
-            // Any other answer of JetStream's about this message: the event's, so that a
-            // message it keeps refusing is dead-lettered after --max-attempts instead of
-            // holding its aggregate for ever.
-            Some(_) => Failure::new(FailureKind::Rejected, e),
+            other => Failure::new(other.kind(), e),
         }
     }
 }
 
+/// What an answer of JetStream's says about the message or atomic batch it answers, from its
+/// error code (`None`: JetStream did not answer). Only the broker's trouble spends no attempt;
+/// an answer not known here is the event's, so that a message JetStream keeps refusing is
+/// dead-lettered after `--max-attempts` (with the server's text) instead of holding its aggregate
+/// for ever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// Larger than the stream takes (its max_msg_size, its header limit): dead-letter at once.
+    TooLarge,
+    /// No stream captures the subject.
+    NoStream,
+    /// The broker cannot take messages now: resources or storage exceeded, the store refusing a
+    /// write (a full stream with discard new), the cluster incomplete, without peers, inactive or
+    /// without a leader, batches switched off on the stream or too many open at once, a
+    /// fast-ingest batch the server forgot, or no JetStream answer at all.
+    Outage,
+    /// An atomic batch the server holds incomplete (err_code 10176): a message of it refused or
+    /// lost (too large, routed where no stream or another stream listens), or the batch dropped
+    /// (the server's batch timeout, a restart). The relay checks what it can before sending; what
+    /// is left spends an attempt, so that a batch that can never complete is dead-lettered.
+    IncompleteBatch,
+    /// An atomic batch of more events than the server's limit (err_code 10199).
+    BatchTooLarge,
+    /// An atomic batch holding a message already stored (err_code 10201).
+    BatchDuplicate,
+    /// Any other refusal: the event's, spending an attempt.
+    Refused,
+}
+
+impl Answer {
+    /// Whose fault it is, for the retry policy.
+    pub(crate) fn kind(self) -> FailureKind {
+        match self {
+            Answer::TooLarge => FailureKind::TooLarge,
+            Answer::Outage => FailureKind::Broker,
+            Answer::NoStream
+            | Answer::IncompleteBatch
+            | Answer::BatchTooLarge
+            | Answer::BatchDuplicate
+            | Answer::Refused => FailureKind::Rejected,
+        }
+    }
+}
+
+/// Classifies JetStream's answer `code` (see [`Answer`]).
+pub(crate) fn answer(code: Option<jetstream::ErrorCode>) -> Answer {
+    use jetstream::ErrorCode as C;
+    match code {
+        Some(C::STREAM_MESSAGE_EXCEEDS_MAXIMUM | C::STREAM_HEADER_EXCEEDS_MAXIMUM) => {
+            Answer::TooLarge
+        }
+        Some(C::STREAM_NOT_FOUND) => Answer::NoStream,
+        Some(C::ATOMIC_PUBLISH_INCOMPLETE_BATCH) => Answer::IncompleteBatch,
+        Some(C::ATOMIC_PUBLISH_TOO_LARGE_BATCH) => Answer::BatchTooLarge,
+        Some(C::ATOMIC_PUBLISH_CONTAINS_DUPLICATE_MESSAGE) => Answer::BatchDuplicate,
+        Some(
+            C::ACCOUNT_RESOURCES_EXCEEDED
+            | C::INSUFFICIENT_RESOURCES
+            | C::MEMORY_RESOURCES_EXCEEDED
+            | C::STORAGE_RESOURCES_EXCEEDED
+            | C::STREAM_STORE_FAILED
+            | C::CLUSTER_INCOMPLETE
+            | C::CLUSTER_NO_PEERS
+            | C::CLUSTER_NOT_ACTIVE
+            | C::CLUSTER_NOT_ASSIGNED
+            | C::CLUSTER_NOT_AVAILABLE
+            | C::CLUSTER_NOT_LEADER
+            | C::CLUSTER_REQUIRED
+            // Atomic batches: too many open at once, or the stream's allow_atomic switched off.
+            | C::ATOMIC_PUBLISH_TOO_MANY_INFLIGHT
+            | C::ATOMIC_PUBLISH_DISABLED
+            // Fast-ingest batches the server does not take (allow_batched switched off, too
+            // many at once) or forgot.
+            | C::BATCH_PUBLISH_DISABLED
+            | C::BATCH_PUBLISH_INVALID_PATTERN
+            | C::BATCH_PUBLISH_INVALID_BATCH_ID
+            | C::BATCH_PUBLISH_UNKNOWN_BATCH_ID
+            | C::BATCH_PUBLISH_TOO_MANY_INFLIGHT,
+        )
+        | None => Answer::Outage,
+        Some(_) => Answer::Refused,
+    }
+}
+
 /// At most this many subjects that met "no responders" are looked up per batch.
-const MAX_COVERAGE_LOOKUPS: usize = 1024;
+pub(super) const MAX_COVERAGE_LOOKUPS: usize = 1024;
 
 /// Lookups of subjects' coverage in flight at once.
-const COVERAGE_LOOKUPS_AT_ONCE: usize = 16;
+pub(super) const COVERAGE_LOOKUPS_AT_ONCE: usize = 16;
 
 /// What JetStream said about a subject that met "no responders".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -233,5 +280,78 @@ mod tests {
         assert_eq!(Coverage::Uncovered.blame(), FailureKind::Rejected);
         assert_eq!(Coverage::Covered.blame(), FailureKind::Broker);
         assert_eq!(Coverage::Unknown.blame(), FailureKind::Broker);
+    }
+
+    #[test]
+    fn every_answer_but_an_outage_spends_an_attempt() {
+        use jetstream::ErrorCode as C;
+        for (code, expected, kind) in [
+            (
+                Some(C::STREAM_MESSAGE_EXCEEDS_MAXIMUM),
+                Answer::TooLarge,
+                FailureKind::TooLarge,
+            ),
+            (
+                Some(C::STREAM_HEADER_EXCEEDS_MAXIMUM),
+                Answer::TooLarge,
+                FailureKind::TooLarge,
+            ),
+            (
+                Some(C::STREAM_NOT_FOUND),
+                Answer::NoStream,
+                FailureKind::Rejected,
+            ),
+            (
+                Some(C::ATOMIC_PUBLISH_INCOMPLETE_BATCH),
+                Answer::IncompleteBatch,
+                FailureKind::Rejected,
+            ),
+            (
+                Some(C::ATOMIC_PUBLISH_TOO_LARGE_BATCH),
+                Answer::BatchTooLarge,
+                FailureKind::Rejected,
+            ),
+            (
+                Some(C::ATOMIC_PUBLISH_CONTAINS_DUPLICATE_MESSAGE),
+                Answer::BatchDuplicate,
+                FailureKind::Rejected,
+            ),
+            (
+                Some(C::ATOMIC_PUBLISH_TOO_MANY_INFLIGHT),
+                Answer::Outage,
+                FailureKind::Broker,
+            ),
+            (
+                Some(C::ATOMIC_PUBLISH_DISABLED),
+                Answer::Outage,
+                FailureKind::Broker,
+            ),
+            (
+                Some(C::BATCH_PUBLISH_UNKNOWN_BATCH_ID),
+                Answer::Outage,
+                FailureKind::Broker,
+            ),
+            (
+                Some(C::STORAGE_RESOURCES_EXCEEDED),
+                Answer::Outage,
+                FailureKind::Broker,
+            ),
+            (
+                Some(C::CLUSTER_NOT_LEADER),
+                Answer::Outage,
+                FailureKind::Broker,
+            ),
+            (None, Answer::Outage, FailureKind::Broker),
+            // Not known here: the event's, with the server's text.
+            (Some(C(10999)), Answer::Refused, FailureKind::Rejected),
+            (
+                Some(C::STREAM_WRONG_LAST_SEQUENCE),
+                Answer::Refused,
+                FailureKind::Rejected,
+            ),
+        ] {
+            assert_eq!(answer(code), expected, "{code:?}");
+            assert_eq!(expected.kind(), kind, "{code:?}");
+        }
     }
 }

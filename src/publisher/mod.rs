@@ -54,6 +54,9 @@ pub(crate) struct Publisher {
     /// The stream's subjects, as `ensure_stream` found them: fast-ingest batches go to one stream,
     /// so an aggregate with an event the stream does not capture is published event by event.
     stream_subjects: Arc<std::sync::Mutex<Vec<String>>>,
+    /// The stream's `max_msg_size`, as `ensure_stream` found it (-1: no limit): a message of an
+    /// atomic batch over it is refused before the batch is sent.
+    stream_max_msg_size: Arc<std::sync::atomic::AtomicI64>,
 }
 
 /// The most events one atomic batch holds (nats-server's default limit).
@@ -96,6 +99,7 @@ impl Publisher {
             batches: Arc::new(tokio::sync::Semaphore::new(ATOMIC_BATCHES_AT_ONCE)),
             fast: publish.batches == crate::config::PublishBatches::FastIngest,
             stream_subjects: Arc::default(),
+            stream_max_msg_size: Arc::new(std::sync::atomic::AtomicI64::new(-1)),
         })
     }
 
@@ -125,6 +129,15 @@ impl Publisher {
     /// Whether each transaction goes out as one atomic batch (`--transactions atomic`).
     pub fn atomic(&self) -> bool {
         self.atomic
+    }
+
+    /// The stream's `max_msg_size` (`None`: no limit, or not known yet).
+    fn stream_max_msg_size(&self) -> Option<usize> {
+        usize::try_from(
+            self.stream_max_msg_size
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
+        .ok()
     }
 
     /// A batch's byte budget (`--max-batch-bytes`).

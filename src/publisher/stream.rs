@@ -120,6 +120,10 @@ impl Publisher {
         if let Ok(mut subjects) = self.stream_subjects.lock() {
             subjects.clone_from(&info.config.subjects);
         }
+        self.stream_max_msg_size.store(
+            i64::from(info.config.max_message_size),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         let gap = self.redelivery_gap;
         if info.config.duplicate_window < gap {
             tracing::warn!(

@@ -44,6 +44,7 @@ macro_rules! for_each_source {
 
 mod arbitrary_rows;
 mod atomic;
+mod atomic_poison;
 mod chaos;
 mod cli;
 mod clock;
