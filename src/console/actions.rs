@@ -120,6 +120,61 @@ pub(crate) async fn page(
     })
 }
 
+/// A field of the filter refused, and why (the form comes back with it marked).
+pub(crate) type Refused = (&'static str, String);
+
+/// `filter` as the statements take it: its times ("dead since", "dead before") read as the pages
+/// show times (UTC), relative ones from the database's clock, each written back as an instant
+/// with its zone, so that a bulk action confirmed now acts on the same times later. `Ok(Err)`: a
+/// time it does not read. Without times, `filter` as it is, without a connection.
+pub(crate) async fn resolve(
+    client: &mut Client,
+    schema: Option<&str>,
+    filter: &Filter,
+) -> Result<std::result::Result<Filter, Refused>> {
+    if filter.since.is_none() && filter.until.is_none() {
+        return Ok(Ok(filter.clone()));
+    }
+    let mut resolved = filter.clone();
+    let mut outbox = outbox(client, schema)?;
+    let tx = outbox.checked_transaction().await?;
+    for (name, field) in [
+        ("since", &mut resolved.since),
+        ("until", &mut resolved.until),
+    ] {
+        let Some(typed) = field.as_deref() else {
+            continue;
+        };
+        let refused = |why: &str| {
+            (
+                name,
+                format!(
+                    "the filter is not valid: {name}: not a time the console reads ({why}): \
+                     write it as the pages show \
+                     times (2026-12-07 04:29:00, read as UTC), a time of day (04:29, the last \
+                     one, UTC) or a time ago (10 minutes ago, -5 min)"
+                ),
+            )
+        };
+        let at = match queries::filter_time(&tx, queries::read_time(typed)).await {
+            Ok(at) => at,
+            Err(e) => match e.as_db_error().and_then(|d| d.as_db_error()) {
+                Some(d) if d.code().code().starts_with("22") => {
+                    return Ok(Err(refused(d.message())));
+                }
+                _ => return Err(e),
+            },
+        };
+        *field = Some(match (at.rfc3339(), at.is_finite()) {
+            (Ok(text), _) => text,
+            (Err(_), false) => at.to_string(),
+            (Err(why), true) => return Ok(Err(refused(&why))),
+        });
+    }
+    tx.commit().await?;
+    Ok(Ok(resolved))
+}
+
 /// How many dead letters match, and the highest seq among them.
 pub(crate) async fn count(
     client: &mut Client,

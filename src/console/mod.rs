@@ -179,6 +179,9 @@ pub(crate) struct App {
     /// without it), so browsers reloading it share one reading for [`OVERVIEW_FRESH`], and only
     /// one reading runs at a time. Actions clear it.
     overview: tokio::sync::Mutex<Option<(Instant, Arc<actions::Overview>)>>,
+    /// Since when reading the overview has failed (this machine's clock: the database's is what
+    /// failed), until a reading works again.
+    overview_failing: std::sync::Mutex<Option<crate::timestamp::Timestamp>>,
 }
 
 /// How a request proved the token. (Made by the guard in `auth`, read by the handlers and the
@@ -244,6 +247,21 @@ impl App {
         Ok(overview)
     }
 
+    /// The overview read (`Ok`) or failed (`Err`): since when it has been failing, if it is.
+    pub(crate) fn overview_read(&self, ok: bool) -> Option<crate::timestamp::Timestamp> {
+        let mut failing = self
+            .overview_failing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match ok {
+            true => *failing = None,
+            false => {
+                failing.get_or_insert_with(crate::timestamp::Timestamp::now);
+            }
+        }
+        *failing
+    }
+
     /// After an action: the next overview reads the database again.
     pub(crate) async fn changed(&self) {
         *self.overview.lock().await = None;
@@ -273,6 +291,7 @@ pub fn router(config: ConsoleConfig, database: Database) -> Result<axum::Router>
         throttle: auth::Throttle::default(),
         jobs: bulk::Jobs::default(),
         overview: tokio::sync::Mutex::new(None),
+        overview_failing: std::sync::Mutex::new(None),
         database,
         config,
     });

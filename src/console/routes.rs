@@ -19,6 +19,7 @@ use super::pages::{self, Scope};
 use super::queries::{Filter, From, Key, Sort};
 use super::{App, Identity};
 use crate::error::{Error, ErrorKind};
+use crate::timestamp::Timestamp;
 
 /// Ids one selection may name (a page holds at most 1000 rows).
 const MAX_SELECTED: usize = 1000;
@@ -71,6 +72,12 @@ fn filter_of(pairs: &[(String, String)]) -> Result<Filter, String> {
 /// A failure as a page: the caller's mistakes say what is wrong; the database's own failures
 /// are logged (redacted) and not shown.
 fn fail(app: &App, who: &Identity, e: &Error) -> Response {
+    let (code, message) = failure(e);
+    (code, pages::error(app, who, code, &message)).into_response()
+}
+
+/// The status and the sentence of a failure (see [`fail`]).
+fn failure(e: &Error) -> (StatusCode, String) {
     let bad_input = e
         .as_db_error()
         .and_then(|d| d.as_db_error())
@@ -94,7 +101,7 @@ fn fail(app: &App, who: &Identity, e: &Error) -> Response {
             "the database failed; the console's log says why".to_string(),
         )
     };
-    (code, pages::error(app, who, code, &message)).into_response()
+    (code, message)
 }
 
 fn read_only(app: &App) -> Option<Response> {
@@ -124,8 +131,20 @@ async fn css() -> impl IntoResponse {
 
 async fn overview(State(app): State<Arc<App>>, Extension(who): Extension<Identity>) -> Response {
     match app.overview().await {
-        Ok(o) => pages::overview(&app, &who, &o).into_response(),
-        Err(e) => fail(&app, &who, &e),
+        Ok(o) => {
+            app.overview_read(true);
+            pages::overview(&app, &who, &o).into_response()
+        }
+        // The overview refreshes itself: its failure too, so that it comes back on its own.
+        Err(e) => {
+            let since = app.overview_read(false).unwrap_or_else(Timestamp::now);
+            let (code, message) = failure(&e);
+            (
+                code,
+                pages::failing(&app, &who, code, &message, &since, pages::OVERVIEW_REFRESH),
+            )
+                .into_response()
+        }
     }
 }
 
@@ -164,11 +183,17 @@ async fn list(
             Sort::Dead => format!("{name}: not a place in the list by time dead"),
         }),
     };
+    // A place that is not one: the form again, with the whole filter (the place is no field).
+    let misplaced = |wrong: &str| {
+        (
+            StatusCode::BAD_REQUEST,
+            pages::filter_refused(&app, &who, &filter, sort, "", wrong),
+        )
+            .into_response()
+    };
     let from = match (place("after"), place("before")) {
-        (Err(wrong), _) | (_, Err(wrong)) => return bad_request(&app, &who, &wrong),
-        (Ok(Some(_)), Ok(Some(_))) => {
-            return bad_request(&app, &who, "after, before: one or the other")
-        }
+        (Err(wrong), _) | (_, Err(wrong)) => return misplaced(&wrong),
+        (Ok(Some(_)), Ok(Some(_))) => return misplaced("after, before: one or the other"),
         (Ok(Some(after)), Ok(None)) => From::After(after),
         (Ok(None), Ok(Some(before))) => From::Before(before),
         (Ok(None), Ok(None)) => From::After(Key::START),
@@ -181,21 +206,27 @@ async fn list(
     let limit = app.config.page_size;
     let result = async {
         let (mut client, _permit) = app.client().await?;
+        let resolved = match actions::resolve(&mut client, app.schema(), &filter).await? {
+            Ok(resolved) => resolved,
+            Err(refused) => return Ok(Err(refused)),
+        };
         // The causes atop the first page only.
         actions::page(
             &mut client,
             app.schema(),
-            &filter,
+            &resolved,
             sort,
             from,
             limit + 1,
             first_page,
         )
         .await
+        .map(Ok)
     }
     .await;
     match result {
-        Ok(mut listed) => {
+        Ok(Err((field, wrong))) => refused(field, &wrong, sort),
+        Ok(Ok(mut listed)) => {
             let rows = &mut listed.rows;
             let more = rows.len() as i64 > limit;
             // One row more than a page was read: the next page's (or the previous one's) first.
@@ -418,22 +449,57 @@ async fn bulk_action(
         Ok(filter) => filter,
         Err(wrong) => return bad_request(&app, &who, &wrong),
     };
+    if value(&form, "confirm") != Some("yes")
+        && !filter.pairs().iter().all(|(_, v)| pages::form_carries(v))
+    {
+        return bad_request(
+            &app,
+            &who,
+            "the filter holds a line break or a C1 control, which the confirmation's form cannot send back",
+        );
+    }
     if value(&form, "confirm") == Some("yes") {
         let upto = value(&form, "upto").and_then(|v| v.parse::<i64>().ok());
         let expected = value(&form, "expected").and_then(|v| v.parse::<i64>().ok());
         let (Some(upto), Some(expected)) = (upto, expected) else {
             return bad_request(&app, &who, "the confirmation is incomplete");
         };
+        // The confirmation's times are instants already; a caller of its own may send others.
+        let resolved = async {
+            let (mut client, _permit) = app.client().await?;
+            actions::resolve(&mut client, app.schema(), &filter).await
+        }
+        .await;
+        let filter = match resolved {
+            Ok(Ok(filter)) => filter,
+            Ok(Err((_, wrong))) => return bad_request(&app, &who, &wrong),
+            Err(e) => return fail(&app, &who, &e),
+        };
         let id = bulk::start(&app, action, filter, expected, upto, who.from());
         return Redirect::to(&app.href(&format!("/jobs/{id}"))).into_response();
     }
+    // The times resolved once, here: the confirmation carries the instants it counted.
     let result = async {
         let (mut client, _permit) = app.client().await?;
-        actions::count(&mut client, app.schema(), &filter).await
+        let filter = match actions::resolve(&mut client, app.schema(), &filter).await? {
+            Ok(filter) => filter,
+            Err(refused) => return Ok(Err(refused)),
+        };
+        let counted = actions::count(&mut client, app.schema(), &filter).await?;
+        Ok(Ok((filter, counted)))
     }
     .await;
     match result {
-        Ok((count, Some(upto))) if count > 0 => pages::confirm(
+        Ok(Err((field, wrong))) => {
+            let mut kept = filter.clone();
+            kept.clear(field);
+            (
+                StatusCode::BAD_REQUEST,
+                pages::filter_refused(&app, &who, &kept, Sort::default(), field, &wrong),
+            )
+                .into_response()
+        }
+        Ok(Ok((filter, (count, Some(upto))))) if count > 0 => pages::confirm(
             &app,
             &who,
             action,
@@ -444,13 +510,7 @@ async fn bulk_action(
             count,
         )
         .into_response(),
-        Ok(_) => {
-            let mut pairs = filter.pairs();
-            pairs.push(("done", action.name()));
-            pairs.push(("n", "0"));
-            Redirect::to(&app.href(&format!("/dead-letters{}", pages::query(&pairs))))
-                .into_response()
-        }
+        Ok(Ok((filter, _))) => pages::nothing_matches(&app, &who, action, &filter).into_response(),
         Err(e) => fail(&app, &who, &e),
     }
 }

@@ -2551,3 +2551,476 @@ async fn the_overview_lists_relays_one_row_each() {
     );
     drop(old_relay);
 }
+
+/// The value of the first attribute `name="..."` after `start` in `html`, as a browser reads it
+/// (entities and numeric character references decoded).
+fn attribute_after(html: &str, start: &str, name: &str) -> String {
+    let from = html
+        .find(start)
+        .unwrap_or_else(|| panic!("no {start} in {html}"));
+    let marker = format!(r#"{name}=""#);
+    let rest = &html[from..];
+    let at = rest
+        .find(&marker)
+        .unwrap_or_else(|| panic!("no {name} after {start}"))
+        + marker.len();
+    let raw = &rest[at..at + rest[at..].find('"').expect("a closing quote")];
+    let mut out = String::new();
+    let mut rest = raw;
+    while let Some(amp) = rest.find('&') {
+        out.push_str(&rest[..amp]);
+        let semi = rest[amp..].find(';').expect("an entity's end") + amp;
+        let entity = &rest[amp + 1..semi];
+        let c = match entity {
+            "amp" => '&',
+            "lt" => '<',
+            "gt" => '>',
+            "quot" => '"',
+            _ => {
+                let code = match entity.strip_prefix("#x").or(entity.strip_prefix("#X")) {
+                    Some(hex) => u32::from_str_radix(hex, 16),
+                    None => entity.trim_start_matches('#').parse(),
+                };
+                char::from_u32(code.expect("a character reference")).expect("a character")
+            }
+        };
+        out.push(c);
+        rest = &rest[semi + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A filter value holding an invisible character round-trips exactly through the list's forms
+/// (shown escaped, sent back as it is): the bulk action it starts acts on that value, not on the
+/// escape's text (here another dead letter's aggregate id). A bulk action that matches nothing says
+/// so and asks nothing; one that does fewer than were confirmed says so, not as a success.
+#[tokio::test]
+async fn a_filter_with_an_invisible_character_acts_on_that_filter() {
+    let db = shared_pg().create_migrated_database().await;
+    let client = testkit::pg_client(&db).await;
+    let zero_width = "ord-zero\u{200b}width";
+    let escape_text = "ord-zero\\u{200b}width";
+    let id = dead_letter(&client, zero_width, "order.failed", "{}", "boom").await;
+    let decoy = dead_letter(&client, escape_text, "order.failed", "{}", "boom").await;
+    let console = Console::start(&db, |_| {}).await;
+    let (cookie, csrf) = console.session().await;
+    let auth = [("cookie", cookie.as_str())];
+    let origin = console.origin();
+    let post_headers = [("cookie", cookie.as_str()), ("origin", origin.as_str())];
+
+    let list = console
+        .get("/dead-letters?aggregate_id=ord-zero%E2%80%8Bwidth", &auth)
+        .await;
+    assert_eq!(list.status, 200, "{}", list.body);
+    assert!(
+        list.body.contains("1</strong> dead letter matches"),
+        "{}",
+        list.body
+    );
+    assert!(
+        !list.body.contains('\u{200b}'),
+        "never as it is in the page"
+    );
+    let typed = attribute_after(&list.body, r#"id="f-aggregate_id""#, "value");
+    assert_eq!(typed, zero_width, "the filter's input holds the value");
+    let hidden = attribute_after(
+        &list.body,
+        r#"<form method="post" action="/dead-letters/bulk""#,
+        r#"name="aggregate_id" value"#,
+    );
+    assert_eq!(hidden, zero_width, "the bulk form's field holds the value");
+    assert!(
+        list.body.contains(escape_text),
+        "the value is still shown with its escape"
+    );
+
+    let ask = console
+        .post(
+            "/dead-letters/bulk",
+            &post_headers,
+            &[
+                ("csrf", csrf.as_str()),
+                ("action", "discard"),
+                ("aggregate_id", &hidden),
+            ],
+        )
+        .await;
+    asks_to_confirm(&ask, "1");
+    let field_of = |name: &str| {
+        attribute_after(
+            &ask.body,
+            r#"<form method="post" action="/dead-letters/bulk""#,
+            &format!(r#"name="{name}" value"#),
+        )
+    };
+    let (upto, expected, confirmed) = (
+        field_of("upto"),
+        field_of("expected"),
+        field_of("aggregate_id"),
+    );
+    assert_eq!(confirmed, zero_width, "the confirmation carries the value");
+    let go = console
+        .post(
+            "/dead-letters/bulk",
+            &post_headers,
+            &[
+                ("csrf", csrf.as_str()),
+                ("action", "discard"),
+                ("confirm", "yes"),
+                ("aggregate_id", &confirmed),
+                ("upto", &upto),
+                ("expected", &expected),
+            ],
+        )
+        .await;
+    assert_eq!(go.status, 303, "{}", go.body);
+    let job = go.header("location").expect("the job page").to_string();
+    job_done(&console, &job, &auth, "Done: 1 dead letter discarded").await;
+    assert!(
+        !is_dead(&client, id).await,
+        "the dead letter filtered is discarded"
+    );
+    assert!(
+        is_dead(&client, decoy).await,
+        "the one of the escape's text is not"
+    );
+
+    // Nothing matches: no confirmation, and no success.
+    let none = console
+        .post(
+            "/dead-letters/bulk",
+            &post_headers,
+            &[
+                ("csrf", csrf.as_str()),
+                ("action", "discard"),
+                ("aggregate_id", zero_width),
+            ],
+        )
+        .await;
+    assert_eq!(none.status, 200, "{}", none.body);
+    assert!(
+        none.body.contains(r#"id="nothing-matches""#),
+        "{}",
+        none.body
+    );
+    assert!(!none.body.contains(r#"class="notice""#), "{}", none.body);
+    assert!(!none.body.contains(r#"id="confirm""#), "{}", none.body);
+
+    // Confirmed 2, found 1: said, and not as a success.
+    let matched = console
+        .post(
+            "/dead-letters/bulk",
+            &post_headers,
+            &[
+                ("csrf", csrf.as_str()),
+                ("action", "discard"),
+                ("confirm", "yes"),
+                ("aggregate_id", escape_text),
+                ("upto", &i64::MAX.to_string()),
+                ("expected", "2"),
+            ],
+        )
+        .await;
+    assert_eq!(matched.status, 303, "{}", matched.body);
+    let job = matched
+        .header("location")
+        .expect("the job page")
+        .to_string();
+    job_done(&console, &job, &auth, "Done: 1 dead letter discarded").await;
+    let page = console.get(&job, &auth).await.body;
+    assert!(
+        page.contains("1 of the 2 confirmed were no longer dead letters"),
+        "{page}"
+    );
+    assert!(!page.contains(r#"class="notice""#), "not a success: {page}");
+    assert!(!is_dead(&client, decoy).await);
+}
+
+/// "Dead since" and "Dead before" read a time without a zone as UTC (what the pages show),
+/// whatever the database's TimeZone; a time of day alone is the last one (UTC), and relative
+/// times count back from the database's clock; a time the console cannot read gets the form
+/// back with the field marked.
+#[tokio::test]
+async fn dead_since_reads_utc_and_relative_times_and_keeps_the_form() {
+    let db = shared_pg().create_migrated_database().await;
+    let client = testkit::pg_client(&db).await;
+    client
+        .batch_execute(
+            "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET TimeZone = %L', current_database(), 'America/New_York'); END $$",
+        )
+        .await
+        .expect("the database's time zone");
+    let recent = dead_letter(&client, "recent", "order.failed", "{}", "boom").await;
+    let old = dead_letter(&client, "old", "order.failed", "{}", "boom").await;
+    for (id, ago) in [(recent, "3 minutes"), (old, "30 minutes")] {
+        client
+            .execute(
+                "UPDATE outbox_events SET dead_lettered_at = now() - $2::text::interval WHERE id = $1",
+                &[&id, &ago],
+            )
+            .await
+            .expect("dead since");
+    }
+    let utc = |format: &str| {
+        let client = &client;
+        let format = format.to_string();
+        async move {
+            let row = client
+                .query_one(
+                    "SELECT to_char((now() - interval '10 minutes') AT TIME ZONE 'UTC', $1)",
+                    &[&format],
+                )
+                .await
+                .expect("a time");
+            row.get::<_, String>(0)
+        }
+    };
+    let ten_minutes_ago = utc("YYYY-MM-DD HH24:MI:SS").await;
+    let time_of_day = utc("HH24:MI").await;
+    let console = Console::start(&db, |_| {}).await;
+    let cookie = console.login().await;
+    let auth = [("cookie", cookie.as_str())];
+    let matches = |query: Vec<(&'static str, String)>, n: &'static str| {
+        let console = &console;
+        let auth = &auth;
+        async move {
+            let mut q = url::form_urlencoded::Serializer::new(String::new());
+            for (k, v) in &query {
+                q.append_pair(k, v);
+            }
+            let res = console
+                .get(&format!("/dead-letters?{}", q.finish()), auth)
+                .await;
+            assert_eq!(res.status, 200, "{query:?}: {}", res.body);
+            let shown = format!("<strong>{n}</strong> dead letter");
+            assert!(res.body.contains(&shown), "{query:?}: {n}: {}", res.body);
+        }
+    };
+    matches(vec![("since", ten_minutes_ago.clone())], "1").await;
+    matches(vec![("until", ten_minutes_ago.clone())], "1").await;
+    matches(vec![("since", format!("{ten_minutes_ago}Z"))], "1").await;
+    matches(vec![("since", time_of_day)], "1").await;
+    for relative in ["10 minutes ago", "10 min ago", "-10 min", "-10m", "-0.2 h"] {
+        matches(vec![("since", relative.to_string())], "1").await;
+    }
+    matches(vec![("since", "-1 hour".into())], "2").await;
+    matches(vec![("until", "20 minutes ago".into())], "1").await;
+    for wrong in ["not a time", "-5 parsecs", "25:61"] {
+        let mut q = url::form_urlencoded::Serializer::new(String::new());
+        q.append_pair("event_type", "order.failed");
+        q.append_pair("since", wrong);
+        let res = console
+            .get(&format!("/dead-letters?{}", q.finish()), &auth)
+            .await;
+        refused_keeping_the_event_type(
+            &res,
+            "since: not a time",
+            r#"name="since" id="f-since" value="" class="wrong" aria-invalid="true">"#,
+        );
+    }
+    // A place that is not one keeps the form too.
+    let res = console
+        .get("/dead-letters?event_type=order.failed&after=x", &auth)
+        .await;
+    assert_eq!(res.status, 400, "{}", res.body);
+    assert!(res.body.contains(r#"<form class="filter""#), "{}", res.body);
+}
+
+/// The overview refreshes while its database fails too: the error page reloads itself and says
+/// since when the reading has failed, and the overview comes back once the database does.
+#[tokio::test]
+async fn the_overview_keeps_refreshing_while_its_database_is_down() {
+    let mut pg =
+        tokio::task::spawn_blocking(|| testkit::PgCluster::start(testkit::PgOptions::default()))
+            .await
+            .expect("a cluster of its own");
+    let db = pg.create_migrated_database().await;
+    let console = Console::start(&db, |_| {}).await;
+    let cookie = console.login().await;
+    let auth = [("cookie", cookie.as_str())];
+    let up = console.get("/", &auth).await;
+    assert_eq!(up.status, 200, "{}", up.body);
+    assert!(up.body.contains(r#"http-equiv="refresh""#), "{}", up.body);
+    let mut pg = tokio::task::spawn_blocking(move || {
+        pg.stop();
+        pg
+    })
+    .await
+    .expect("stopped");
+    // The last reading serves for a few seconds; then the error.
+    wait_until("the overview to fail", Duration::from_secs(30), || async {
+        console.get("/", &auth).await.status != 200
+    })
+    .await;
+    let down = console.get("/", &auth).await;
+    assert!(down.status >= 500, "{}", down.body);
+    assert!(
+        down.body.contains(r#"http-equiv="refresh""#),
+        "it refreshes: {}",
+        down.body
+    );
+    let since = attribute_after(&down.body, r#"id="failing-since""#, "datetime");
+    assert!(since.ends_with('Z'), "{since}");
+    let again = console.get("/", &auth).await;
+    assert!(
+        again.body.contains(r#"http-equiv="refresh""#),
+        "{}",
+        again.body
+    );
+    assert_eq!(
+        attribute_after(&again.body, r#"id="failing-since""#, "datetime"),
+        since,
+        "since the first failure"
+    );
+    let _pg = tokio::task::spawn_blocking(move || {
+        pg.start_again();
+        pg
+    })
+    .await
+    .expect("started again");
+    wait_until("the overview back", Duration::from_secs(30), || async {
+        console.get("/", &auth).await.status == 200
+    })
+    .await;
+    let back = console.get("/", &auth).await;
+    assert!(!back.body.contains("failing-since"), "{}", back.body);
+}
+
+/// A dead letter retried and then published shows as published: its last error as a past one
+/// (not in red), its attempts as reset by the retry, and that it was dead-lettered and retried.
+#[tokio::test]
+async fn a_retried_and_published_event_shows_its_past() {
+    let db = shared_pg().create_migrated_database().await;
+    let client = testkit::pg_client(&db).await;
+    let id = dead_letter(&client, "healed", "order.failed", "{}", "stream full").await;
+    let console = Console::start(&db, |_| {}).await;
+    let (cookie, csrf) = console.session().await;
+    let origin = console.origin();
+    let retried = console
+        .post(
+            &format!("/dead-letters/{id}/retry"),
+            &[("cookie", cookie.as_str()), ("origin", origin.as_str())],
+            &[("csrf", csrf.as_str())],
+        )
+        .await;
+    assert_eq!(retried.status, 303, "{}", retried.body);
+    // What the relay does when it publishes it.
+    client
+        .execute(
+            "UPDATE outbox_events SET processed_at = now() WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .expect("published");
+    let page = console
+        .get(
+            &format!("/dead-letters/{id}"),
+            &[("cookie", cookie.as_str())],
+        )
+        .await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    let event = section(&page.body, r#"<table id="event">"#);
+    assert!(
+        page.body
+            .contains(r#"<strong id="state">published</strong>"#),
+        "{}",
+        page.body
+    );
+    assert!(
+        !event.contains(r#"class="err" id="last-error""#),
+        "the error of the past is not shown as a present one: {event}"
+    );
+    assert!(event.contains("stream full"), "{event}");
+    assert!(event.contains("reset by a retry"), "{event}");
+    let history = section(&page.body, r#"id="history""#);
+    assert!(
+        history.contains("dead-lettered") && history.contains("retried"),
+        "{history}"
+    );
+}
+
+/// The small things: a job's heading reads its filter as the confirmation does (no escaped
+/// quotes), one batch is "1 batch", the chart's middle tick is not 0 when its top is 1, the
+/// followers' times have their ages.
+#[tokio::test]
+async fn jobs_charts_and_followers_read_right() {
+    let db = shared_pg().create_migrated_database().await;
+    let client = testkit::pg_client(&db).await;
+    let id = dead_letter(
+        &client,
+        "small",
+        "order.failed",
+        "{}",
+        "subject \"a.b\" refused",
+    )
+    .await;
+    followers(&client, "small", 1).await;
+    client
+        .execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, processed_at)
+             VALUES ('order', 'one', 'order.created', '{}', now())",
+            &[],
+        )
+        .await
+        .expect("one published");
+    let console = Console::start(&db, |_| {}).await;
+    let (cookie, csrf) = console.session().await;
+    let auth = [("cookie", cookie.as_str())];
+    let origin = console.origin();
+    let post_headers = [("cookie", cookie.as_str()), ("origin", origin.as_str())];
+
+    let overview = console.get("/", &auth).await;
+    let chart = section(&overview.body, r#"<svg id="chart""#);
+    assert!(
+        !chart.contains(r#"y="72" text-anchor="end">0</text>"#),
+        "the middle tick: {chart}"
+    );
+    assert!(
+        chart.contains(r#"y="72" text-anchor="end">0.5</text>"#),
+        "the middle tick: {chart}"
+    );
+
+    let detail = console.get(&format!("/dead-letters/{id}"), &auth).await;
+    let followers = section(&detail.body, r#"<table id="followers">"#);
+    assert!(followers.contains(r#"<span class="age">"#), "{followers}");
+
+    let cause = "subject \"...\" refused";
+    let ask = console
+        .post(
+            "/dead-letters/bulk",
+            &post_headers,
+            &[
+                ("csrf", csrf.as_str()),
+                ("action", "retry"),
+                ("cause", cause),
+            ],
+        )
+        .await;
+    asks_to_confirm(&ask, "1");
+    let upto = field(&ask.body, "upto").expect("upto");
+    let go = console
+        .post(
+            "/dead-letters/bulk",
+            &post_headers,
+            &[
+                ("csrf", csrf.as_str()),
+                ("action", "retry"),
+                ("confirm", "yes"),
+                ("cause", cause),
+                ("upto", &upto),
+                ("expected", "1"),
+            ],
+        )
+        .await;
+    assert_eq!(go.status, 303, "{}", go.body);
+    let job = go.header("location").expect("the job page").to_string();
+    job_done(&console, &job, &auth, "Done: 1 dead letter retried").await;
+    let page = console.get(&job, &auth).await.body;
+    assert!(!page.contains("\\&quot;"), "no escaped quotes: {page}");
+    assert!(
+        page.contains("cause = “subject &quot;...&quot; refused”"),
+        "{page}"
+    );
+    assert!(page.contains("in 1 batch."), "{page}");
+}

@@ -526,3 +526,99 @@ async fn the_console_pages_jumps_to_an_id_and_cuts_a_big_payload_in_a_browser() 
     browser.close().await;
     assert_eq!(console.terminate(), Some(0), "the console stops on SIGTERM");
 }
+
+/// In a browser: a filter holding a zero-width space stays that filter through the form and the
+/// bulk action's confirmation (the escape's text, another dead letter's aggregate id, is left
+/// alone); at 1280 px one long value in the relays table does not push it past the page.
+#[tokio::test]
+async fn an_invisible_character_in_a_filter_round_trips_in_a_browser() {
+    let _turn = testkit::heavy().await;
+    let env = Env::new().await;
+    let client = env.client().await;
+    let zero_width = "ord-zero\u{200b}width";
+    let target = dead_letter(&client, zero_width, "order.failed", "{}", "boom").await;
+    let decoy = dead_letter(
+        &client,
+        "ord-zero\\u{200b}width",
+        "order.failed",
+        "{}",
+        "boom",
+    )
+    .await;
+    client
+        .execute(
+            "INSERT INTO outbox_relays (id, host, pid, version, source, slot, interval_seconds)
+             VALUES (gen_random_uuid(), $1, 1, '0.1.0', 'notify', NULL, 5)",
+            &[&"h".repeat(300)],
+        )
+        .await
+        .expect("a relay with a long host name");
+    let (console, base) = console_binary(&env).await;
+    let browser = Browser::start().await;
+    let c = &browser.client;
+    c.goto(&format!("{base}/")).await.expect("goto");
+    type_into(c, "#token", TOKEN).await;
+    click(c, "#login").await;
+    wait_text(c, "h1", "Overview").await;
+    wait_text(c, "#relays", "hhhh").await;
+    let fits = c
+        .execute(
+            "const t = document.querySelector('#relays').getBoundingClientRect();
+             return [t.right, document.documentElement.clientWidth];",
+            vec![],
+        )
+        .await
+        .expect("execute");
+    let (right, width) = (fits[0].as_f64(), fits[1].as_f64());
+    assert!(
+        matches!((right, width), (Some(r), Some(w)) if r <= w),
+        "the relays table within the page: {fits}"
+    );
+
+    c.goto(&format!(
+        "{base}/dead-letters?aggregate_id=ord-zero%E2%80%8Bwidth"
+    ))
+    .await
+    .expect("goto");
+    wait_text(c, "#total", "1 dead letter matches.").await;
+    let held = || async move {
+        c.execute(
+            "return document.querySelector('#f-aggregate_id').value;",
+            vec![],
+        )
+        .await
+        .expect("execute")
+    };
+    assert_eq!(held().await, zero_width, "the input holds the value");
+    // Filter again: the same filter.
+    click(c, "#apply-filter").await;
+    wait_until("the list again", Duration::from_secs(20), || async {
+        c.current_url()
+            .await
+            .is_ok_and(|u| u.as_str().contains("ord-zero%E2%80%8Bwidth"))
+    })
+    .await;
+    wait_text(c, "#total", "1 dead letter matches.").await;
+    assert_eq!(held().await, zero_width, "still the value");
+    click(c, "#bulk-discard").await;
+    wait_text(c, "#confirm-count", "1").await;
+    click(c, "#confirm").await;
+    wait_text(c, "#job-state", "Done: 1 dead letter discarded").await;
+    let dead = |id| {
+        let client = &client;
+        async move {
+            client
+                .query_one(
+                    "SELECT processed_at IS NULL FROM outbox_events WHERE id = $1",
+                    &[&id],
+                )
+                .await
+                .expect("state")
+                .get::<_, bool>(0)
+        }
+    };
+    assert!(!dead(target).await, "the filtered dead letter is discarded");
+    assert!(dead(decoy).await, "the escape's text's is not");
+    browser.close().await;
+    assert_eq!(console.terminate(), Some(0), "the console stops on SIGTERM");
+}

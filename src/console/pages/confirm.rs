@@ -1,10 +1,10 @@
 //! The bulk actions' pages: the confirmation of what an action touches, and the job's progress.
 
 use axum::response::Html;
-use maud::html;
+use maud::{html, Markup};
 use uuid::Uuid;
 
-use super::format::num;
+use super::format::{num, query};
 use super::{csrf_field, filter_fields, hidden, layout};
 use crate::console::actions::Action;
 use crate::console::bulk::JobState;
@@ -17,6 +17,41 @@ pub(crate) enum Scope<'a> {
     Filter { filter: &'a Filter, upto: i64 },
     /// The selected ids.
     Selected(&'a [Uuid]),
+}
+
+/// "every dead letter matching event_type = “...”, ..."
+fn matching(filter: &Filter) -> Markup {
+    html! {
+        @if filter.is_empty() {
+            "every dead letter"
+        } @else {
+            "every dead letter matching "
+            @for (i, (k, v)) in filter.pairs().into_iter().enumerate() {
+                @if i > 0 { ", " }
+                (k) " = “" (v) "”"
+            }
+        }
+    }
+}
+
+/// A bulk action whose filter matches no dead letter: nothing to confirm, nothing done (not a
+/// success either: the operator expected some).
+pub(crate) fn nothing_matches(
+    app: &App,
+    who: &Identity,
+    action: Action,
+    filter: &Filter,
+) -> Html<String> {
+    let back = filter.pairs();
+    let body = html! {
+        h1 { "Nothing to " (action.name()) }
+        p class="problem" id="nothing-matches" {
+            "No dead letter matches: " (matching(filter)) " is none now. Nothing was "
+            (action.past()) "."
+        }
+        p { a href={ (app.href("/dead-letters")) (query(&back)) } { "Back to the dead letters" } }
+    };
+    layout(app, Some(who), "Nothing matches", None, body)
 }
 
 /// "This touches N dead letters: confirm?"
@@ -37,17 +72,7 @@ pub(crate) fn confirm(
     };
     let (what, target, fields) = match scope {
         Scope::Filter { filter, upto } => (
-            html! {
-                @if filter.is_empty() {
-                    "every dead letter"
-                } @else {
-                    "every dead letter matching "
-                    @for (i, (k, v)) in filter.pairs().into_iter().enumerate() {
-                        @if i > 0 { ", " }
-                        (k) " = “" (v) "”"
-                    }
-                }
-            },
+            matching(filter),
             "/dead-letters/bulk",
             html! {
                 (filter_fields(filter))
@@ -95,7 +120,7 @@ pub(crate) fn job(app: &App, who: &Identity, s: &JobState) -> Html<String> {
                 Action::Retry => "Retry",
                 Action::Discard => "Discard",
             }
-            " " (crate::console::bulk::describe(&s.filter))
+            " " (matching(&s.filter))
         }
         @match (&s.error, s.finished) {
             (Some(e), _) => {
@@ -105,12 +130,14 @@ pub(crate) fn job(app: &App, who: &Identity, s: &JobState) -> Html<String> {
                 }
             }
             (None, true) => {
-                p class="notice" id="job-state" {
-                    "Done: " (num(s.done)) " dead letters " (s.action.past()) " in "
-                    (format!("{:.1}", s.elapsed.as_secs_f64())) " s."
+                // Fewer than confirmed: said as what it is, not as a success.
+                p class=(if gone > 0 { "short" } else { "notice" }) id="job-state" {
+                    "Done: " (num(s.done)) " dead letter" @if s.done != 1 { "s" } " "
+                    (s.action.past()) " in " (format!("{:.1}", s.elapsed.as_secs_f64())) " s."
                     @if gone > 0 {
                         " " (num(gone)) " of the " (num(s.expected))
-                        " confirmed were no longer dead letters when this action reached them: another action handled them first."
+                        " confirmed were no longer dead letters when this action reached them: \
+                         another action handled them first, or the filter matched fewer."
                     }
                 }
             }
@@ -120,7 +147,8 @@ pub(crate) fn job(app: &App, who: &Identity, s: &JobState) -> Html<String> {
         }
         p {
             span id="job-done" { (num(s.done)) }
-            " of " (num(s.expected)) " " (s.action.past()) " in " (s.batches) " batches."
+            " of " (num(s.expected)) " " (s.action.past()) " in " (num(s.batches)) " batch"
+            @if s.batches != 1 { "es" } "."
         }
         progress max=(s.expected.max(1)) value=(s.done) {}
         p { a href=(app.href("/dead-letters")) { "Back to the dead letters" } }

@@ -49,19 +49,56 @@ pub(crate) fn detail(
         "pending"
     };
     let shown = head(&d.payload, PAYLOAD_SHOWN);
+    // The relay writes an error with each failed attempt (attempts 1 and up), a retry sets the
+    // attempts back to 0 and keeps the error: an error with 0 attempts and no dead-lettering
+    // now is one a retry left behind, after the event was dead-lettered.
+    let retried = d.last_error.is_some() && d.attempts == 0 && d.dead_lettered_at.is_none();
+    // Published or discarded, the error is of the past; only a dead letter's or a pending one's
+    // still failing is shown as a present one.
+    let past_error = d.last_error.is_some() && (d.processed_at.is_some() || retried);
     let body = html! {
         h1 { (d.event_type) }
         (notice)
         p { "State: " strong id="state" { (state) } }
+        @if retried {
+            p id="history" {
+                "It was dead-lettered, then retried (its attempts set back to 0), "
+                @if d.discarded_at.is_some() {
+                    "then discarded."
+                } @else if d.processed_at.is_some() {
+                    "then published: the error below is the last one before it was retried."
+                } @else {
+                    "and waits to be published: the error below is the last one before the retry."
+                }
+            }
+        } @else if d.processed_at.is_some() && d.attempts > 0 {
+            p id="history" {
+                "Published after " (d.attempts) " failed attempt" @if d.attempts != 1 { "s" } "."
+            }
+        }
         table id="event" {
             (field_row("Id", html! { (d.id) }))
             (field_row("Seq", html! { (d.seq) }))
             (field_row("Aggregate type", html! { (d.aggregate_type) }))
             (field_row("Aggregate id", html! { span id="aggregate-id" { (d.aggregate_id) } }))
-            (field_row("Attempts", html! { (d.attempts) }))
+            (field_row("Attempts", html! {
+                (d.attempts)
+                @if retried { " " span class="age" { "(reset by a retry)" } }
+            }))
             (field_row(
                 "Last error",
-                html! { span class="err" id="last-error" { (d.last_error.as_deref().unwrap_or("")) } },
+                html! {
+                    @if past_error {
+                        span class="past-err" id="last-error" { (d.last_error.as_deref().unwrap_or("")) }
+                        " " span class="age" { "(before it was "
+                            @if d.discarded_at.is_some() { "discarded" }
+                            @else if d.processed_at.is_some() { "published" }
+                            @else { "retried" }
+                        ")" }
+                    } @else {
+                        span class="err" id="last-error" { (d.last_error.as_deref().unwrap_or("")) }
+                    }
+                },
             ))
             (field_row("Created", when(&d.created_at, &d.now)))
             (field_row("Dead-lettered", opt_when(d.dead_lettered_at.as_ref(), &d.now)))
@@ -107,7 +144,7 @@ pub(crate) fn detail(
                         td { (f.seq) }
                         td { (f.event_type) }
                         td { (f.id) }
-                        td { (f.created_at) }
+                        td class="t" { (when(&f.created_at, &d.now)) }
                     }
                 }
             }

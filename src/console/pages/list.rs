@@ -4,7 +4,9 @@ use axum::response::Html;
 use maud::{html, Markup};
 
 use super::format::{num, query, when};
-use super::{causes_table, csrf_field, filter_fields, layout};
+use super::{
+    causes_table, csrf_field, filter_fields, form_carries, form_value, holds_escaped, layout,
+};
 use crate::console::actions::TOTAL_COUNTED;
 use crate::console::queries::{Cause, Filter, Key, ListedDeadLetter, Sort};
 use crate::console::{App, Identity};
@@ -23,11 +25,21 @@ fn filter_form(app: &App, filter: &Filter, sort: Sort, wrong: Option<&str>) -> M
     let sort_marked = wrong == Some("sort");
     let field = |name: &str, label: &str, value: Option<&str>| {
         let marked = wrong == Some(name);
+        let value = value.unwrap_or("");
         html! {
             label {
                 (label) " "
-                input type="text" name=(name) id={ "f-" (name) } value=(value.unwrap_or(""))
+                input type="text" name=(name) id={ "f-" (name) } value=(form_value(value))
                     class=[marked.then_some("wrong")] aria-invalid=[marked.then_some("true")];
+                // The input holds the value as it is, invisible characters and all: the page
+                // says what it holds.
+                @if !form_carries(value) {
+                    small class="held" id={ "held-" (name) } {
+                        "holds " (value) ", which a form cannot send back: its links keep it"
+                    }
+                } @else if holds_escaped(value) {
+                    small class="held" id={ "held-" (name) } { "holds " (value) }
+                }
             }
         }
     };
@@ -150,6 +162,8 @@ pub(crate) fn dead_letters(app: &App, who: &Identity, page: &ListPage) -> Html<S
         now,
     } = *page;
     let actions = !app.config.read_only;
+    // A filter a form cannot send back would act on another one: its bulk actions are off.
+    let carried = filter.pairs().iter().all(|(_, v)| form_carries(v));
     // The filter and the order stay in every link.
     let link = |at: Option<(&str, Key)>| {
         let mut pairs = filter.pairs();
@@ -185,7 +199,14 @@ pub(crate) fn dead_letters(app: &App, who: &Identity, page: &ListPage) -> Html<S
             h2 { "By cause" }
             (causes_table(app, "list-causes", filter, sort, causes, now))
         }
-        @if actions {
+        @if actions && !carried {
+            p class="problem" id="bulk-off" {
+                "This filter holds a line break or a C1 control, which a browser's form cannot send \
+                 back, so the actions on every dead letter matching it are off: select the rows \
+                 below to act on them."
+            }
+        }
+        @if actions && carried {
             form method="post" action=(app.href("/dead-letters/bulk")) id="bulk" class="actions" {
                 (csrf_field(who))
                 (filter_fields(filter))

@@ -12,13 +12,13 @@ mod overview;
 
 use axum::http::StatusCode;
 use axum::response::Html;
-use maud::{html, Markup, DOCTYPE};
+use maud::{html, Markup, PreEscaped, DOCTYPE};
 
 use super::actions::{Action, CAUSES_LOOKED};
 use super::queries::{Cause, Filter, Sort};
 use super::{App, Caller, Identity};
 use crate::timestamp::Timestamp;
-pub(crate) use confirm::{confirm, job, Scope};
+pub(crate) use confirm::{confirm, job, nothing_matches, Scope};
 pub(crate) use detail::detail;
 pub(crate) use format::query;
 use format::{num, when};
@@ -50,6 +50,8 @@ svg .legend-published{fill:#3d6fd6}svg .legend-dead{fill:#b3261e}
 .login{max-width:26em;margin:12vh auto;background:#fff;border:1px solid #dde1e7;padding:1.2em 1.6em}
 .login label{display:flex;flex-direction:column;gap:.3em;margin:.6em 0}.login input{padding:.4em}
 .age{color:#667;font-size:.85em}tr.stale td{color:#b3261e}.source{color:#556;font-size:.85em}input.wrong,select.wrong{border:2px solid #b3261e}.big{background:#fff8e1;border:1px solid #e8cf7a;padding:.4em .8em}
+.short{background:#fff8e1;border:1px solid #e8cf7a;padding:.5em 1em;margin-bottom:1em}.held{color:#8a5a00}
+.past-err{color:#556;white-space:pre-wrap;overflow-wrap:anywhere}#relays td,td.aggregate{overflow-wrap:anywhere}
 ";
 
 /// Whether [`finish`] writes `c` as `\u{..}`: a control character (but newline and tab, which a
@@ -86,7 +88,46 @@ fn csrf_field(who: &Identity) -> Markup {
 }
 
 fn hidden(name: &str, value: &str) -> Markup {
-    html! { input type="hidden" name=(name) value=(value); }
+    html! { input type="hidden" name=(name) value=(form_value(value)); }
+}
+
+/// A form control's value, written so that the browser sends back exactly `value`: markup
+/// characters as entities, and every character [`finish`] would show as `\u{..}` as a numeric
+/// character reference (`&#x200b;`), which the browser reads as that character (the page's text
+/// never holds it as it is, and never sends its escape's text in its place). What a reference
+/// cannot carry ([`form_carries`]) is the caller's to say.
+fn form_value(value: &str) -> PreEscaped<String> {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c if made_visible(c) => {
+                let _ = write!(out, "&#x{:x};", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    PreEscaped(out)
+}
+
+/// Whether a browser's form sends `value` back as it is: not with a line break (a text input
+/// drops it, a form turns it into CR LF) or a C1 control (a character reference to one reads as
+/// another character), which no page can hand to a form.
+pub(crate) fn form_carries(value: &str) -> bool {
+    !value
+        .chars()
+        .any(|c| c == '\n' || c == '\r' || ('\u{80}'..='\u{9f}').contains(&c))
+}
+
+/// Whether `value` holds a character the page shows as `\u{..}` (so that its input, which holds
+/// it as it is, reads otherwise than the page).
+fn holds_escaped(value: &str) -> bool {
+    value.chars().any(made_visible)
 }
 
 fn filter_fields(filter: &Filter) -> Markup {
@@ -186,6 +227,32 @@ pub(crate) fn error(app: &App, who: &Identity, code: StatusCode, message: &str) 
         p class="problem" { (message) }
     };
     layout(app, Some(who), "Error", None, body)
+}
+
+/// How often the overview reloads itself, in seconds (its failures too).
+pub(crate) const OVERVIEW_REFRESH: u32 = 10;
+
+/// A failure of a page that reloads itself every `refresh` seconds: it reloads too, and says since
+/// when it has failed (`since`, by this machine's clock).
+pub(crate) fn failing(
+    app: &App,
+    who: &Identity,
+    code: StatusCode,
+    message: &str,
+    since: &Timestamp,
+    refresh: u32,
+) -> Html<String> {
+    let now = Timestamp::now();
+    let body = html! {
+        h1 { (code.canonical_reason().unwrap_or("error")) }
+        p class="problem" { (message) }
+        p id="failing" {
+            "Failing since "
+            time id="failing-since" datetime=(since) { (when(since, &now)) }
+            " (this machine's clock). This page tries again every " (refresh) " s."
+        }
+    };
+    layout(app, Some(who), "Error", Some(refresh), body)
 }
 
 /// Dead letters by cause (`id`: the table's), each linking to the list filtered to it; `filter`

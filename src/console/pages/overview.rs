@@ -19,6 +19,14 @@ fn card(label: &str, value: Markup, warn: bool) -> Markup {
     }
 }
 
+/// Half of `n`, as the chart's middle tick writes it: `0.5`, `1`, `1.5`, `1,000`.
+fn half(n: i64) -> String {
+    match n % 2 {
+        0 => num(n / 2),
+        _ => format!("{}.5", num(n / 2)),
+    }
+}
+
 /// The last hour, a minute a bar: published (blue) and dead-lettered (red) on one scale, with its
 /// axis in events per minute and the rate of the last whole minute. Made of numbers only, written
 /// as elements of the template like the rest of the page (each SVG element closed with its end
@@ -45,9 +53,14 @@ fn chart(m: &PerMinute) -> Markup {
             viewBox={ "0 0 " (left + w) " " (base + 30) } role="img"
             aria-label="events published and dead-lettered per minute, last hour" {
             // The y axis: 0, half and the top, in events per minute.
-            @for (value, y) in [(0, base), (top / 2, h / 2 + pad), (top, pad)] {
+            // Half an odd top is a half: "0.5" where the top is 1, never a second 0.
+            @for (value, y) in [
+                (num(0), base),
+                (half(top), h / 2 + pad),
+                (num(top), pad),
+            ] {
                 line class="grid" x1=(left) y1=(y) x2=(left + w) y2=(y) {}
-                text class="tick" x=(left - 4) y=(y + 4) text-anchor="end" { (num(value)) }
+                text class="tick" x=(left - 4) y=(y + 4) text-anchor="end" { (value) }
             }
             @for i in 0..60 {
                 @let x = left + i * 10;
@@ -250,5 +263,11 @@ pub(crate) fn overview(app: &App, who: &Identity, o: &Overview) -> Html<String> 
             }
         }
     };
-    layout(app, Some(who), "Overview", Some(10), body)
+    layout(
+        app,
+        Some(who),
+        "Overview",
+        Some(super::OVERVIEW_REFRESH),
+        body,
+    )
 }

@@ -20,6 +20,8 @@ const TOTAL: &str = include_str!("../../../sql/queries/console/dead_letters_tota
 const COUNT: &str = include_str!("../../../sql/queries/console/dead_letters_count.sql");
 const BATCH: &str = include_str!("../../../sql/queries/console/dead_letters_batch.sql");
 const CAUSES: &str = include_str!("../../../sql/queries/console/dead_letter_causes.sql");
+const UTC: &str = include_str!("../../../sql/queries/console/utc.sql");
+const FILTER_TIME: &str = include_str!("../../../sql/queries/console/filter_time.sql");
 
 /// One row of the dead-letter list.
 #[derive(Debug, Clone)]
@@ -157,6 +159,30 @@ pub(crate) async fn batch<C: GenericClient + Sync>(
     rows.iter()
         .map(|r| Ok((r.try_get("id")?, r.try_get("seq")?)))
         .collect()
+}
+
+/// A time of the filter as an instant (`filter_time.sql`, read in UTC): the database's reading of
+/// it, or its error (`22...`: not a time it reads).
+pub(crate) async fn filter_time<C: GenericClient + Sync>(
+    client: &C,
+    time: super::TimeText<'_>,
+) -> Result<Timestamp> {
+    use super::TimeText;
+    client.batch_execute(UTC).await?;
+    let (text, ago, of_day) = match time {
+        TimeText::Text(t) => (Some(t), None, None),
+        TimeText::Ago(s) => (None, Some(s), None),
+        TimeText::OfDay(s) => (None, None, Some(f64::from(s))),
+    };
+    let params: [(&(dyn ToSql + Sync), Type); 3] = [
+        (&text, Type::TEXT),
+        (&ago, Type::FLOAT8),
+        (&of_day, Type::FLOAT8),
+    ];
+    Ok(client
+        .query_typed_one(FILTER_TIME, &params)
+        .await?
+        .try_get("at")?)
 }
 
 /// Dead letters of one cause (see [`causes`]).

@@ -13,9 +13,10 @@ pub(crate) struct Filter {
     pub(crate) aggregate_id: Option<String>,
     /// Text somewhere in `last_error`, in any case.
     pub(crate) error: Option<String>,
-    /// Dead-lettered at or after (any timestamp PostgreSQL reads, in its time zone).
+    /// Dead-lettered at or after: as typed ([`read_time`]); the statements get it resolved to an
+    /// instant with its zone (`actions::resolve`).
     pub(crate) since: Option<String>,
-    /// Dead-lettered before.
+    /// Dead-lettered before (likewise).
     pub(crate) until: Option<String>,
     /// The cause (`error_cause.sql`: the error text without what varies), exactly.
     pub(crate) cause: Option<String>,
@@ -116,6 +117,74 @@ impl Filter {
         params.push(self.cause.as_deref().map(cause_word));
         params
     }
+}
+
+/// A time of the filter ("dead since", "dead before") as typed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum TimeText<'a> {
+    /// That many seconds before the database's clock: `10 minutes ago`, `-5 min`, `-2h`.
+    Ago(f64),
+    /// A time of day alone, UTC, in seconds after midnight: `04:29`, `04:29:30` (the last one).
+    OfDay(u32),
+    /// Anything else, for PostgreSQL to read as a timestamptz (without a zone: UTC).
+    Text(&'a str),
+}
+
+/// How [`TimeText`] reads `text`: a relative time (a number and a unit, s, min, h, d or w and
+/// their longer names, after `-` or before `ago`), a time of day (`HH:MM[:SS]`), or else text.
+pub(crate) fn read_time(text: &str) -> TimeText<'_> {
+    let t = text.trim();
+    if let Some(ago) = relative(t) {
+        return TimeText::Ago(ago);
+    }
+    if let Some(of_day) = time_of_day(t) {
+        return TimeText::OfDay(of_day);
+    }
+    TimeText::Text(t)
+}
+
+fn relative(t: &str) -> Option<f64> {
+    let lower = t.to_ascii_lowercase();
+    let amount = match (lower.strip_prefix('-'), lower.strip_suffix("ago")) {
+        (Some(rest), None) => rest.trim(),
+        (None, Some(rest)) => rest.trim(),
+        _ => return None,
+    };
+    let split = amount
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(amount.len());
+    let (number, unit) = amount.split_at(split);
+    let number: f64 = number.parse().ok().filter(|n: &f64| n.is_finite())?;
+    let seconds = match unit.trim() {
+        "s" | "sec" | "secs" | "second" | "seconds" => 1.0,
+        "m" | "min" | "mins" | "minute" | "minutes" => 60.0,
+        "h" | "hr" | "hrs" | "hour" | "hours" => 3600.0,
+        "d" | "day" | "days" => 86_400.0,
+        "w" | "week" | "weeks" => 604_800.0,
+        _ => return None,
+    };
+    // Within a century: further back is a typo, and an interval that PostgreSQL cannot add.
+    Some(number * seconds).filter(|s| *s <= 100.0 * 365.0 * 86_400.0)
+}
+
+fn time_of_day(t: &str) -> Option<u32> {
+    let mut parts = t.split(':');
+    let mut field = |max: u32| -> Option<u32> {
+        let p = parts.next()?;
+        (!p.is_empty() && p.len() <= 2 && p.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| p.parse().ok())
+            .flatten()
+            .filter(|v| *v <= max)
+    };
+    let (h, m) = (field(23)?, field(59)?);
+    let s = match parts.next() {
+        None => 0,
+        Some(p) if p.len() == 2 && p.bytes().all(|b| b.is_ascii_digit()) => {
+            p.parse().ok().filter(|s| *s <= 59)?
+        }
+        Some(_) => return None,
+    };
+    parts.next().is_none().then_some(h * 3600 + m * 60 + s)
 }
 
 /// The cause of a dead letter without an error text (`error_cause.sql`).
@@ -280,6 +349,47 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn times_read_relative_of_day_or_as_text() {
+        for (typed, seconds) in [
+            ("10 minutes ago", 600.0),
+            ("10 min ago", 600.0),
+            ("10min ago", 600.0),
+            ("-5 min", 300.0),
+            ("-5min", 300.0),
+            ("-5m", 300.0),
+            ("-0.5 h", 1800.0),
+            ("2 Hours Ago", 7200.0),
+            ("-1 day", 86_400.0),
+            ("-1w", 604_800.0),
+            ("30 s ago", 30.0),
+        ] {
+            assert_eq!(read_time(typed), TimeText::Ago(seconds), "{typed}");
+        }
+        assert_eq!(read_time("04:29"), TimeText::OfDay(4 * 3600 + 29 * 60));
+        assert_eq!(
+            read_time(" 4:29:30 "),
+            TimeText::OfDay(4 * 3600 + 29 * 60 + 30)
+        );
+        assert_eq!(read_time("00:00"), TimeText::OfDay(0));
+        for text in [
+            "2026-12-07 04:29:00",
+            "2026-12-07T04:29:00Z",
+            "25:00",
+            "04:60",
+            "04:29:3",
+            "4:29:30:1",
+            "-5 parsecs",
+            "5 min",
+            "- min",
+            "-1e9 d",
+            "-NaN s",
+            "yesterday",
+        ] {
+            assert_eq!(read_time(text), TimeText::Text(text), "{text}");
+        }
+    }
 
     #[test]
     fn empty_fields_match_anything() {

@@ -12,6 +12,8 @@ mod filter;
 
 pub(crate) use activity::{db_now, per_minute, relays, reported_relays, PerMinute};
 pub(crate) use activity::{RelayConnection, ReportedRelay};
-pub(crate) use dead_letters::{batch, causes, count, page, total, Cause, From, ListedDeadLetter};
+pub(crate) use dead_letters::{
+    batch, causes, count, filter_time, page, total, Cause, From, ListedDeadLetter,
+};
 pub(crate) use event::{detail, followers, Detail, Follower};
-pub(crate) use filter::{Filter, Key, Sort};
+pub(crate) use filter::{read_time, Filter, Key, Sort, TimeText};
